@@ -1,0 +1,149 @@
+"""Fast paths for the softmax-family variants, all causal, layout ``[B, T, H, D]``.
+
+* NoPE, RoPE and accumulated rotations: fused SDPA after pre-rotation. With q̃_i = R(−Φ_i) q_i and
+  k̃_j = R(−Φ_j) k_j, q̃_iᵀ k̃_j = q_iᵀ R(Φ_i − Φ_j) k_j. Value transport (Q/K/V) uses ṽ_j = R(−Φ_j) v_j and
+  o_i ← R(Φ_i) o_i, so o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j.
+* ALiBi and FoX: FlexAttention with a ``score_mod`` on CUDA (no T×T tensor); on the CPU, where FlexAttention
+  has no backward, an additive-bias SDPA computed in query chunks (T×chunk at a time).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from pathlab._checks import check_float_tensor, check_qkv, check_same_device, check_scale, expand_kv_heads
+from pathlab.ops.positions import accumulate_phases, alibi_slopes, rope_phases, rotate
+
+CPU_QUERY_CHUNK = 1024
+
+
+def _sdpa(q, k, v, scale):
+    """Causal SDPA on ``[B, T, H, D]`` tensors (grouped kv heads expanded)."""
+    H = q.shape[2]
+    k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale
+    )
+    return o.transpose(1, 2)
+
+
+def nope_attention(q, k, v, *, scale=None):
+    """No positional encoding: s_ij = scale · q_iᵀ k_j."""
+    check_qkv(q, k, v)
+    return _sdpa(q, k, v, check_scale(scale, q.shape[-1]))
+
+
+def rope_attention(q, k, v, *, base: float = 10000.0, scale=None):
+    """RoPE: s_ij = scale · q_iᵀ R^{i−j} k_j, ω_b = base^(−2b/D)."""
+    _, T, _, _, D, _ = check_qkv(q, k, v)
+    phase = rope_phases(T, D, base, device=q.device)[None, :, None, :]  # [1, T, 1, D/2]
+    return _sdpa(rotate(q, -phase), rotate(k, -phase), v, check_scale(scale, D))
+
+
+def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=None):
+    """Accumulated SO(2) rotations: Φ_t = Σ_{s≤t} θ_s (fp64, mod 2π), s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j.
+
+    ``theta [B, T, H, D/2]``: per-token step angles of every query head (grouped kv heads are expanded, since
+    each query head rotates its keys with its own angles). With ``rotate_values`` the output is
+    o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j (values transported along the path; needs Dv == D).
+    """
+    B, T, H, Hkv, D, Dv = check_qkv(q, k, v)
+    check_float_tensor("theta", theta, 4)
+    if theta.shape != (B, T, H, D // 2):
+        raise ValueError(f"theta must have shape [B, T, H, D/2] = {(B, T, H, D // 2)}, got {tuple(theta.shape)}")
+    if rotate_values and Dv != D:
+        raise ValueError(f"rotate_values needs v's head dim ({Dv}) equal to q's ({D})")
+    check_same_device(q, theta=theta)
+    scale = check_scale(scale, D)
+    phase = accumulate_phases(theta, dim=1)  # [B, T, H, D/2] fp64
+    qr, kr = rotate(q, -phase), rotate(expand_kv_heads(k, H), -phase)
+    if not rotate_values:
+        return _sdpa(qr, kr, v, scale)
+    o = _sdpa(qr, kr, rotate(expand_kv_heads(v, H), -phase), scale)
+    return rotate(o, phase)
+
+
+# ----------------------------------------------------------------------------- additive-bias variants
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(T: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, T, T, device=device)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(q, k, v, scale, score_mod):
+    T, H, Hkv = q.shape[1], q.shape[2], k.shape[2]
+    o = _compiled_flex()(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        score_mod=score_mod, block_mask=_causal_block_mask(T, str(q.device)), scale=scale, enable_gqa=H != Hkv,
+    )
+    return o.transpose(1, 2)
+
+
+def _chunked_bias_sdpa(q, k, v, scale, bias_fn, chunk: int = CPU_QUERY_CHUNK):
+    """Causal SDPA with an additive bias, one query chunk at a time: bias_fn(i, j) -> ``[B|1, H, len(i), len(j)]``."""
+    T, H = q.shape[1], q.shape[2]
+    k, v = expand_kv_heads(k, H).transpose(1, 2), expand_kv_heads(v, H).transpose(1, 2)
+    qh = q.transpose(1, 2)
+    outputs = []
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        i = torch.arange(start, stop, device=q.device)
+        j = torch.arange(stop, device=q.device)
+        bias = bias_fn(i, j).to(torch.promote_types(q.dtype, torch.float32))
+        bias = bias.masked_fill(j[None, :] > i[:, None], float("-inf")).to(q.dtype)
+        outputs.append(F.scaled_dot_product_attention(qh[:, :, start:stop], k[:, :, :stop], v[:, :, :stop],
+                                                      attn_mask=bias, scale=scale))
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+def alibi_attention(q, k, v, *, slopes=None, scale=None):
+    """ALiBi: s_ij = scale · q_iᵀ k_j − m_h (i − j), slopes m_h from :func:`alibi_slopes` by default."""
+    _, T, H, _, D, _ = check_qkv(q, k, v)
+    scale = check_scale(scale, D)
+    slopes = (alibi_slopes(H) if slopes is None else slopes).to(q.device, torch.float32)
+    if slopes.shape != (H,):
+        raise ValueError(f"slopes must have shape [H] = ({H},), got {tuple(slopes.shape)}")
+    if q.device.type == "cuda":
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx)
+
+        return _flex(q, k, v, scale, score_mod)
+
+    def bias_fn(i, j):
+        return -slopes[None, :, None, None] * (i[:, None] - j[None, :]).float()
+
+    return _chunked_bias_sdpa(q, k, v, scale, bias_fn)
+
+
+def fox_attention(q, k, v, g, *, scale=None):
+    """Forgetting attention: s_ij = scale · q_iᵀ k_j + (G_i − G_j), G = cumsum(g), g ``[B, T, H]`` ≤ 0."""
+    B, T, H, _, D, _ = check_qkv(q, k, v)
+    check_float_tensor("g", g, 3)
+    if g.shape != (B, T, H):
+        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)}, got {tuple(g.shape)}")
+    check_same_device(q, g=g)
+    scale = check_scale(scale, D)
+    G = torch.cumsum(g.to(torch.promote_types(g.dtype, torch.float32)), dim=1).transpose(1, 2).contiguous()  # [B, H, T]
+    if q.device.type == "cuda":
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + G[b, h, q_idx] - G[b, h, kv_idx]
+
+        return _flex(q, k, v, scale, score_mod)
+
+    def bias_fn(i, j):
+        return G[:, :, i, None] - G[:, :, None, j]
+
+    return _chunked_bias_sdpa(q, k, v, scale, bias_fn)
