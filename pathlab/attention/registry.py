@@ -1,0 +1,73 @@
+"""Attention variants by name: ``build_attention("path", ...)``; :func:`available_attention` lists them."""
+
+from __future__ import annotations
+
+import inspect
+
+from pathlab.attention.alibi import ALiBi
+from pathlab.attention.base import PositionalAttention
+from pathlab.attention.fox import FoX
+from pathlab.attention.nope import NoPE
+from pathlab.attention.path import PaTH
+from pathlab.attention.rope import RoPE
+from pathlab.attention.rotation import RotationAttention
+
+# name -> (class, fixed keyword arguments, one-line description)
+REGISTRY: dict[str, tuple[type[PositionalAttention], dict, str]] = {
+    "nope": (NoPE, {}, "no positional encoding"),
+    "rope": (RoPE, {}, "rotary position embedding, s = qᵀ R^{i−j} k"),
+    "alibi": (ALiBi, {}, "linear distance bias −m_h (i − j)"),
+    "fox": (FoX, {}, "forgetting attention: cumulative log forget gates"),
+    "path": (PaTH, {"use_gate": False}, "PaTH: accumulated Householder transitions I − β w wᵀ"),
+    "path_fox": (PaTH, {"use_gate": True}, "PaTH with a FoX forget gate"),
+    "rot_random_qk": (RotationAttention, {"mode": "random", "rotate_values": False},
+                      "accumulated random SO(2) rotations of q and k"),
+    "rot_random_qkv": (RotationAttention, {"mode": "random", "rotate_values": True},
+                       "accumulated random SO(2) rotations of q, k and v"),
+    "rot_learned_qk": (RotationAttention, {"mode": "learned", "rotate_values": False},
+                       "accumulated learned token-dependent rotations of q and k (starts as RoPE)"),
+    "rot_learned_qkv": (RotationAttention, {"mode": "learned", "rotate_values": True},
+                        "accumulated learned token-dependent rotations of q, k and v (starts as RoPE)"),
+}
+
+_COMMON = ("n_embd", "n_head", "n_kv_head", "head_dim", "vocab_size", "layer_idx")
+
+
+def available_attention() -> list[str]:
+    """The registered variant names."""
+    return list(REGISTRY)
+
+
+def describe_attention() -> dict[str, str]:
+    return {name: entry[2] for name, entry in REGISTRY.items()}
+
+
+def attention_options(name: str) -> dict[str, object]:
+    """The keyword options a variant accepts (``attention_kwargs``) with their defaults."""
+    cls, fixed, _ = _lookup(name)
+    params = {}
+    for klass in cls.__mro__:
+        if klass is PositionalAttention or not issubclass(klass, PositionalAttention):
+            continue
+        for p in inspect.signature(klass.__init__).parameters.values():
+            if p.kind == p.KEYWORD_ONLY and p.name not in fixed and p.name not in _COMMON:
+                params.setdefault(p.name, p.default)
+    return params
+
+
+def _lookup(name: str):
+    if name not in REGISTRY:
+        raise ValueError(f"unknown attention {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def build_attention(name: str, *, n_embd: int, n_head: int, n_kv_head: int, head_dim: int, vocab_size: int,
+                    layer_idx: int = 0, **kwargs) -> PositionalAttention:
+    """Instantiate variant ``name``; unknown options raise ``ValueError`` listing the accepted ones."""
+    cls, fixed, _ = _lookup(name)
+    allowed = attention_options(name)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"attention {name!r} does not take {unknown}; its options are {sorted(allowed)}")
+    return cls(n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, vocab_size=vocab_size,
+               layer_idx=layer_idx, **fixed, **kwargs)
