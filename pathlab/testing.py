@@ -1,0 +1,35 @@
+"""Helpers for comparing implementations: relative errors and random inputs of every op."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / max(‖expected‖, tiny), computed in fp64; NaN anywhere gives inf."""
+    a, e = actual.detach().double(), expected.detach().double()
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+def random_path_inputs(B, T, H, D, *, Hkv=None, Dv=None, dtype=torch.float32, device="cpu", beta_range=(0.0, 2.0),
+                       gate=False, generator=None, requires_grad=False):
+    """q, k, v, w, beta, g for PaTH with beta ~ U(beta_range) and g = log σ(N(0, 1)) (or None)."""
+    Hkv = H if Hkv is None else Hkv
+    Dv = D if Dv is None else Dv
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    q, k, w, v = randn(B, T, H, D), randn(B, T, Hkv, D), randn(B, T, Hkv, D), randn(B, T, Hkv, Dv)
+    lo, hi = beta_range
+    beta = (lo + (hi - lo) * torch.rand(B, T, Hkv, generator=generator, dtype=torch.float64)).to(device, dtype)
+    g = F.logsigmoid(randn(B, T, H) + 2.0) if gate else None
+    tensors = [q, k, v, w, beta, g]
+    if requires_grad:
+        for t in tensors:
+            if t is not None:
+                t.requires_grad_(True)
+    return tensors
