@@ -45,7 +45,8 @@ class _Reader:
         version = self.int()
         self.int(), self.int()  # writer version, minimal reader version
         if version == 3:
-            self.pos += self.int()  # native encoding name
+            n = self.int()
+            self.pos += n  # skip the native encoding's name
         elif version != 2:
             raise ValueError(f"R data: unsupported serialization version {version}")
 
@@ -171,15 +172,26 @@ def _values(obj):
 def read_lazyload(prefix: str | Path) -> dict:
     """All variables of the lazy-load database ``prefix.rdx``/``prefix.rdb``, as ``{name: value}``."""
     prefix = Path(prefix)
-    raw = prefix.with_suffix(".rdx").read_bytes()
-    raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else _decompress(raw, 1)
+    return read_lazyload_bytes(prefix.with_suffix(".rdx").read_bytes(), prefix.with_suffix(".rdb").read_bytes())
+
+
+def read_lazyload_bytes(rdx: bytes, rdb: bytes) -> dict:
+    """:func:`read_lazyload` from the two files' contents."""
+    raw = gzip.decompress(rdx) if rdx[:2] == b"\x1f\x8b" else _decompress(rdx, 1)
     index = unserialize(raw)
     fields = dict(zip(index.attributes["names"], index.value))
     compressed = _values(fields.get("compressed", [True]))[0]
     names = fields["variables"].attributes["names"]
-    rdb = prefix.with_suffix(".rdb").read_bytes()
     out = {}
     for name, loc in zip(names, fields["variables"].value):
         offset, length = _values(loc)
         out[name] = unserialize(_decompress(rdb[int(offset) : int(offset) + int(length)], compressed))
     return out
+
+
+def character_vector(value) -> list[str]:
+    """The strings of an R character vector as returned by :func:`unserialize` (NA becomes "")."""
+    values = _values(value)
+    if not isinstance(values, list) or not all(v is None or isinstance(v, str) for v in values):
+        raise ValueError("R data: not a character vector")
+    return [v or "" for v in values]

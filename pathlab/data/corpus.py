@@ -1,0 +1,219 @@
+"""Prepare and load token corpora by name.
+
+    >>> from pathlab.data.corpus import prepare, load_tokens
+    >>> folder = prepare("debian")            # offline: Debian packages -> GPT-2 tokens (about a minute)
+    >>> val = load_tokens("debian", "val")    # np.memmap of uint16 token ids
+
+Corpora: ``debian`` (offline default, :mod:`pathlab.data.debian`) and ``openwebtext`` (needs network,
+:mod:`pathlab.data.openwebtext`). Folders live under ``$PATHLAB_DATA`` or else ``data_cache/`` in the repository
+root. Preparing again is a no-op when ``meta.json`` records the same recipe and every file matches its SHA-256.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import debian, openwebtext
+from .tokenizer import get_tokenizer
+from .tokens import (
+    FORMAT,
+    META,
+    CorpusError,
+    SplitWriter,
+    atomic_write_json,
+    check_files,
+    open_split,
+    read_meta,
+)
+
+CORPORA = {"debian": debian.recipe, "openwebtext": openwebtext.recipe}
+
+
+def data_root() -> Path:
+    """``$PATHLAB_DATA`` if set, else ``data_cache/`` in the repository root (or the working directory)."""
+    if os.environ.get("PATHLAB_DATA"):
+        return Path(os.environ["PATHLAB_DATA"]).expanduser()
+    repo = Path(__file__).resolve().parents[2]
+    return (repo if (repo / "pyproject.toml").is_file() else Path.cwd()) / "data_cache"
+
+
+def corpus_dir(name_or_dir: str | Path) -> Path:
+    """The folder of a corpus given by name (under :func:`data_root`) or by path."""
+    path = Path(name_or_dir)
+    if (path / META).is_file() or path.is_dir() and str(name_or_dir) not in CORPORA:
+        return path
+    if str(name_or_dir) in CORPORA:
+        return data_root() / str(name_or_dir)
+    raise ValueError(
+        f"corpus: {str(name_or_dir)!r} is neither a known corpus ({', '.join(CORPORA)}) nor a prepared corpus folder"
+    )
+
+
+def corpus_meta(name_or_dir: str | Path) -> dict:
+    """``meta.json`` of a prepared corpus (name or folder)."""
+    folder = corpus_dir(name_or_dir)
+    try:
+        return read_meta(folder)
+    except CorpusError as err:
+        name = str(name_or_dir)
+        hint = f"run `pathlab data prepare {name}`" if name in CORPORA else "prepare it again"
+        raise CorpusError(f"{err} ({hint})") from None
+
+
+def load_tokens(name_or_dir: str | Path, split: str) -> np.memmap:
+    """Read-only uint16 memmap of the ``split`` ("train" or "val") tokens of a prepared corpus."""
+    folder = corpus_dir(name_or_dir)
+    meta = corpus_meta(name_or_dir)
+    return open_split(folder, split, meta=meta)
+
+
+def _recipe_hash(recipe: dict) -> str:
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def _progress(iterable, progress: bool, **kwargs):
+    if not progress:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
+def _encode_batches(texts, tokenizer, batch: int = 512):
+    threads = max(1, os.cpu_count() or 1)
+    buf = []
+    for text in texts:
+        buf.append(text)
+        if len(buf) == batch:
+            yield from tokenizer.encode_ordinary_batch(buf, num_threads=threads)
+            buf = []
+    if buf:
+        yield from tokenizer.encode_ordinary_batch(buf, num_threads=threads)
+
+
+def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True, **options) -> Path:
+    """Build corpus ``name`` into ``out_dir`` (default ``data_root()/name``) and return the folder.
+
+    Options: ``debs=DIR`` (debian: where the .deb files are kept), ``n_shards=N`` (openwebtext: use the first N
+    raw shards, for a smaller corpus), ``raw=DIR`` (openwebtext: where raw shards are kept).
+    """
+    if name not in CORPORA:
+        raise ValueError(f"name: unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
+    folder = Path(out_dir) if out_dir is not None else data_root() / name
+    recipe = CORPORA[name](**({"n_shards": options["n_shards"]} if "n_shards" in options else {}))
+    recipe_hash = _recipe_hash(recipe)
+    if (folder / META).is_file():
+        try:
+            meta = read_meta(folder)
+            if meta.get("recipe_hash") == recipe_hash and not check_files(folder, meta, hashes=True):
+                if progress:
+                    print(f"{name}: {folder} is up to date ({meta['splits']['train']['tokens']:,} train tokens)")
+                return folder
+        except CorpusError:
+            pass
+        (folder / META).unlink()  # from here on the folder is "unfinished" until the new meta.json lands
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = get_tokenizer("gpt2")
+    if name == "debian":
+        splits, sources = _build_debian(folder, tokenizer, progress, Path(options.get("debs") or folder / "debs"))
+    else:
+        splits, sources = _build_openwebtext(
+            folder, tokenizer, progress, Path(options.get("raw") or folder / "raw"),
+            int(options.get("n_shards", openwebtext.N_SHARDS)),
+        )
+    meta = {
+        "format": FORMAT,
+        "name": name,
+        "tokenizer": {"name": "gpt2", "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token},
+        "dtype": "uint16",
+        "splits": splits,
+        "sources": sources,
+        "recipe": recipe,
+        "recipe_hash": recipe_hash,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(folder / META, meta)
+    if progress:
+        print(f"{name}: wrote {folder} (train {splits['train']['tokens']:,} tokens in "
+              f"{splits['train']['documents']:,} documents, val {splits['val']['tokens']:,} tokens in "
+              f"{splits['val']['documents']:,} documents)")
+    return folder
+
+
+def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path):
+    if progress:
+        print(f"debian: packages in {debs}", flush=True)
+    packages = debian.fetch_packages(debs, progress=progress)
+    work = folder / "work"
+    eot = tokenizer.eot_token
+    sources = []
+    with SplitWriter(folder, "train", eot=eot) as train, SplitWriter(folder, "val", eot=eot) as val:
+        for source, package, version, docs in debian.collect_documents(work, packages, progress=progress):
+            val_ids = debian.held_out(source.name, docs)
+            counts = {"train": [0, 0], "val": [0, 0]}
+            texts = (t for _, t in docs)
+            encoded = _progress(_encode_batches(texts, tokenizer), progress, total=len(docs),
+                                desc=f"  tokenizing {source.name}", unit="doc", leave=False)
+            for i, ids in enumerate(encoded):
+                split = "val" if i in val_ids else "train"
+                (val if split == "val" else train).add(ids)
+                counts[split][0] += 1
+                counts[split][1] += len(ids) + 1
+            sources.append({
+                "source": source.name, "package": package, "version": version, "licence": source.licence,
+                "train_documents": counts["train"][0], "train_tokens": counts["train"][1],
+                "val_documents": counts["val"][0], "val_tokens": counts["val"][1],
+                "val_document_names": sorted(docs[i][0] for i in val_ids),
+            })
+    shutil.rmtree(work, ignore_errors=True)
+    return {"train": train.info, "val": val.info}, sources
+
+
+def _build_openwebtext(folder: Path, tokenizer, progress: bool, raw: Path, n_shards: int):
+    shards = openwebtext.fetch_shards(raw, n_shards, progress=progress)
+    eot = tokenizer.eot_token
+    work = folder / "work"
+    # Pass 1: every document, in source order, into one scratch token file (document count unknown until the end).
+    docs = _progress(openwebtext.iter_documents(shards), progress, desc="  tokenizing openwebtext", unit="doc")
+    with SplitWriter(work, "train", eot=eot) as scratch:
+        for ids in _encode_batches(docs, tokenizer, batch=1024):
+            scratch.add(ids)
+    tokens = np.memmap(work / "train.bin", dtype=np.uint16, mode="r")
+    offsets = np.load(work / "train.docs.npy")
+    n_docs = offsets.size - 1
+    train_idx, val_idx = openwebtext.split_indices(n_docs)
+    # Pass 2: val in the permutation's order (as nanoGPT's val.bin), train in source order.
+    with SplitWriter(folder, "val", eot=eot) as val:
+        for i in val_idx:
+            val.add(tokens[offsets[i] : offsets[i + 1] - 1])
+    is_val = np.zeros(n_docs, dtype=bool)
+    is_val[val_idx] = True
+    with SplitWriter(folder, "train", eot=eot) as train:
+        for i in _progress(range(n_docs), progress, desc="  writing train.bin", unit="doc", mininterval=2):
+            if not is_val[i]:
+                train.add(tokens[offsets[i] : offsets[i + 1] - 1])
+    del tokens
+    shutil.rmtree(work, ignore_errors=True)
+    sources = [{"source": openwebtext.REPO_ID, "shards": [p.name for p in shards], "documents": int(n_docs)}]
+    return {"train": train.info, "val": val.info}, sources
+
+
+def describe(name_or_dir: str | Path, file=sys.stdout) -> None:
+    """Print a short summary of a prepared corpus."""
+    meta = corpus_meta(name_or_dir)
+    print(f"{meta['name']} ({corpus_dir(name_or_dir)}), tokenizer {meta['tokenizer']['name']}", file=file)
+    for split, info in meta["splits"].items():
+        print(f"  {split:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents, longest "
+              f"{info['longest_document']:,}", file=file)
+    for s in meta.get("sources", []):
+        if "package" in s:
+            print(f"  {s['source']:16s} {s['package']} {s['version']}: train {s['train_tokens']:,} / val "
+                  f"{s['val_tokens']:,} tokens", file=file)

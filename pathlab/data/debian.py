@@ -1,0 +1,282 @@
+"""The offline default corpus: about 50 MB of real English text taken from Debian packages.
+
+Nothing is downloaded from a hub: ``apt-get download`` fetches the packages (no root needed) into
+``<corpus>/debs/`` and we read the files we need straight out of each ``.deb`` (``dpkg-deb --fsys-tarfile``,
+or a pure-Python reader of the ar + tar.{xz,gz,bz2} layout where dpkg is missing). Sources:
+
+=================  =========================  ======================================================
+source             package                    documents
+=================  =========================  ======================================================
+austen             r-cran-janeaustenr         6 novels (an R lazy-load database, read without R)
+web-bible          sword-text-web             the World English Bible, one document per book (SWORD zText)
+jargon             jargon-text                the Jargon File, one document
+python-docs        python3-doc -> python3.X-doc   the Python manual, one document per ``.rst.txt`` source
+postgresql-docs    postgresql-doc -> postgresql-doc-N  the PostgreSQL manual, one document per HTML page
+linux-docs         linux-doc -> linux-doc-X.Y     the kernel documentation, one document per ``.rst``
+=================  =========================  ======================================================
+
+Versioned package names are resolved through the unversioned metapackage (``apt-cache depends python3-doc``),
+falling back to the highest matching name known to apt, so the same code works on Debian and Ubuntu releases.
+The exact package versions used are recorded in ``meta.json``.
+
+Validation holds out whole long documents (at least ``MIN_VAL_DOC_CHARS`` characters), chosen per source with a
+fixed seed until about ``VAL_FRACTION`` of that source's text is held out, so that length-extrapolation windows
+cover long contiguous text. Sources with fewer than 4 documents stay entirely in training.
+
+On a machine without apt: download the ``.deb`` files named in ``meta.json`` (or listed above) from any Debian
+mirror by hand into ``<corpus>/debs/`` and run ``pathlab data prepare debian`` again: packages already there
+are used as they are and nothing else needs apt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .rdata import character_vector, read_lazyload
+from .sword import read_books
+from .textclean import html_to_text, normalize_whitespace, unwrap_paragraphs
+
+VAL_FRACTION = 0.05
+MIN_VAL_DOC_CHARS = 20_000
+MIN_DOC_CHARS = 500
+SPLIT_SEED = 2357
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Source:
+    """One package's contribution: how to find the package, which files to take, how to turn them into documents."""
+
+    name: str
+    package: str  # a plain package name, or an unversioned metapackage when `pattern` is set
+    pattern: str | None  # regex a versioned name must match (resolved through `package`'s Depends)
+    licence: str
+    wants: Callable[[str], bool]  # path inside the .deb -> keep?
+    documents: Callable[[Path], Iterator[tuple[str, str]]]  # extracted folder -> (name, text)
+
+
+def _austen(root: Path):
+    (rdx,) = root.rglob("janeaustenr/data/Rdata.rdx")
+    for name, value in read_lazyload(rdx.with_suffix("")).items():
+        yield name, unwrap_paragraphs(character_vector(value))
+
+
+def _bible(root: Path):
+    for conf_dir in sorted({p.parent for p in root.rglob("*.bzs")}):
+        yield from read_books(conf_dir)
+
+
+def _gzip_text(path: Path) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    return data.decode("utf-8", errors="replace")
+
+
+def _jargon(root: Path):
+    for path in sorted(root.rglob("jargon.txt.gz")):
+        yield "jargon", normalize_whitespace(_gzip_text(path))
+
+
+def _python_docs(root: Path):
+    for path in sorted(root.rglob("*.rst.txt")):
+        yield str(path.relative_to(root)), normalize_whitespace(_gzip_text(path))
+
+
+def _postgresql_docs(root: Path):
+    for path in sorted(root.rglob("*.html")):
+        yield str(path.relative_to(root)), html_to_text(path.read_bytes().decode("utf-8", errors="replace"))
+
+
+def _linux_docs(root: Path):
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        yield str(path.relative_to(root)), normalize_whitespace(_gzip_text(path))
+
+
+SOURCES = (
+    Source("austen", "r-cran-janeaustenr", None, "public domain",
+           lambda p: p.endswith("janeaustenr/data/Rdata.rdx") or p.endswith("janeaustenr/data/Rdata.rdb"), _austen),
+    Source("web-bible", "sword-text-web", None, "public domain", lambda p: "/modules/texts/ztext/" in p, _bible),
+    Source("jargon", "jargon-text", None, "public domain", lambda p: p.endswith("jargon.txt.gz"), _jargon),
+    Source("python-docs", "python3-doc", r"python3\.\d+-doc", "PSF-2.0",
+           lambda p: "/html/_sources/" in p and p.endswith(".rst.txt"), _python_docs),
+    Source("postgresql-docs", "postgresql-doc", r"postgresql-doc-\d+", "PostgreSQL",
+           lambda p: "/html/" in p and p.endswith(".html"), _postgresql_docs),
+    Source("linux-docs", "linux-doc", r"linux-doc-\d+(\.\d+)*", "GPL-2.0",
+           lambda p: "/Documentation/" in p and p.endswith((".rst", ".rst.gz", ".txt", ".txt.gz")), _linux_docs),
+)
+
+
+def recipe() -> dict:
+    """Everything that determines the corpus besides the package versions (hashed to decide re-preparation)."""
+    return {
+        "corpus": "debian",
+        "version": RECIPE_VERSION,
+        "sources": [[s.name, s.package, s.pattern] for s in SOURCES],
+        "val_fraction": VAL_FRACTION,
+        "min_val_doc_chars": MIN_VAL_DOC_CHARS,
+        "min_doc_chars": MIN_DOC_CHARS,
+        "split_seed": SPLIT_SEED,
+        "tokenizer": "gpt2",
+    }
+
+
+# --------------------------------------------------------------------------------------------- packages
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str:
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def _apt_missing_message(what: str, debs: Path) -> str:
+    return (
+        f"{what}: apt is not available on this machine. Download the packages by hand from a Debian mirror "
+        f"(packages: {', '.join(s.package + (' (a versioned ' + s.pattern + ')' if s.pattern else '') for s in SOURCES)}) "
+        f"into {debs} and run the command again; packages already there are used as they are."
+    )
+
+
+def resolve_package(source: Source) -> str:
+    """The concrete package name for ``source`` on this machine's apt (versioned names resolved)."""
+    if source.pattern is None:
+        return source.package
+    regex = re.compile(rf"^{source.pattern}$")
+    try:
+        depends = _run(["apt-cache", "depends", source.package])
+        for line in depends.splitlines():
+            dep = line.strip().removeprefix("|").strip()
+            if dep.startswith("Depends:"):
+                name = dep.split(":", 1)[1].strip()
+                if regex.match(name):
+                    return name
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    names = [n for n in _run(["apt-cache", "pkgnames"]).split() if regex.match(n)]
+    if not names:
+        raise RuntimeError(f"no package matching {source.pattern!r} is known to apt; run `apt-get update` first")
+    key = lambda n: [int(x) for x in re.findall(r"\d+", n)]  # noqa: E731
+    return max(names, key=key)
+
+
+def _find_deb(debs: Path, source: Source, package: str | None) -> Path | None:
+    pattern = re.compile(rf"^{re.escape(package)}_" if package else rf"^({source.pattern or re.escape(source.package)})_")
+    found = sorted(p for p in debs.glob("*.deb") if pattern.match(p.name))
+    return found[-1] if found else None
+
+
+def fetch_packages(debs: Path, progress: bool = True) -> dict[str, Path]:
+    """``{source name: .deb path}``, downloading with ``apt-get download`` what is not already in ``debs``."""
+    debs.mkdir(parents=True, exist_ok=True)
+    out = {}
+    have_apt = shutil.which("apt-get") is not None and shutil.which("apt-cache") is not None
+    for source in SOURCES:
+        deb = _find_deb(debs, source, None if source.pattern else source.package)
+        if deb is None:
+            if not have_apt:
+                raise RuntimeError(_apt_missing_message(f"package for {source.name}", debs))
+            package = resolve_package(source)
+            if progress:
+                print(f"  apt-get download {package}", flush=True)
+            try:
+                _run(["apt-get", "download", package], cwd=debs)
+            except subprocess.CalledProcessError as err:
+                raise RuntimeError(
+                    f"`apt-get download {package}` failed ({err.stderr.strip()[-300:]}); run `apt-get update` "
+                    f"first, or put the .deb into {debs} by hand"
+                ) from err
+            deb = _find_deb(debs, source, package)
+            if deb is None:
+                raise RuntimeError(f"apt-get download {package} produced no .deb in {debs}")
+        out[source.name] = deb
+    return out
+
+
+def deb_version(deb: Path) -> tuple[str, str]:
+    """(package, version) from a Debian file name ``name_version_arch.deb``."""
+    name, version = deb.name.split("_")[:2]
+    return name, version.replace("%3a", ":")
+
+
+def _deb_data_tar(deb: Path) -> tarfile.TarFile:
+    """The data archive of a .deb, opened for streaming."""
+    if shutil.which("dpkg-deb"):
+        raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
+        return tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+    data = deb.read_bytes()
+    if data[:8] != b"!<arch>\n":
+        raise ValueError(f"{deb} is not a Debian package (no ar header)")
+    pos = 8
+    while pos + 60 <= len(data):
+        name = data[pos : pos + 16].decode().strip().rstrip("/")
+        size = int(data[pos + 48 : pos + 58].decode().strip())
+        body = data[pos + 60 : pos + 60 + size]
+        if name.startswith("data.tar"):
+            if name.endswith(".zst"):
+                raise RuntimeError(f"{deb}: zstd-compressed package; install dpkg (dpkg-deb) to read it")
+            return tarfile.open(fileobj=io.BytesIO(body), mode="r:*")
+        pos += 60 + size + (size % 2)
+    raise ValueError(f"{deb} has no data.tar member")
+
+
+def extract_wanted(deb: Path, wants: Callable[[str], bool], dest: Path) -> int:
+    """Write the regular files of ``deb`` whose path satisfies ``wants`` under ``dest``; return how many."""
+    count = 0
+    with _deb_data_tar(deb) as tar:
+        for member in tar:
+            path = member.name.lstrip("./")
+            if not member.isfile() or not wants("/" + path):
+                continue
+            target = dest / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+            count += 1
+    if count == 0:
+        raise RuntimeError(f"{deb.name}: none of the expected files were found inside the package")
+    return count
+
+
+# --------------------------------------------------------------------------------------------- documents
+
+
+def held_out(source: str, docs: list[tuple[str, str]]) -> set[int]:
+    """Indices of the documents of ``source`` that go to validation (whole long documents, fixed seed)."""
+    if len(docs) < 4:
+        return set()
+    total = sum(len(t) for _, t in docs)
+    eligible = [i for i, (_, t) in enumerate(docs) if len(t) >= MIN_VAL_DOC_CHARS]
+    rng = np.random.default_rng([SPLIT_SEED, zlib.crc32(source.encode())])
+    chosen, chars = set(), 0
+    for i in rng.permutation(eligible) if eligible else []:
+        if chars >= VAL_FRACTION * total:
+            break
+        chosen.add(int(i))
+        chars += len(docs[i][1])
+    return chosen
+
+
+def collect_documents(work: Path, debs: dict[str, Path], progress: bool = True):
+    """Extract every source; yield ``(source, package, version, [(doc name, text)])``."""
+    for source in SOURCES:
+        deb = debs[source.name]
+        package, version = deb_version(deb)
+        root = work / source.name
+        if root.exists():
+            shutil.rmtree(root)
+        extract_wanted(deb, source.wants, root)
+        docs = [(n, t) for n, t in source.documents(root) if len(t) >= MIN_DOC_CHARS]
+        shutil.rmtree(root)
+        if progress:
+            print(f"  {source.name:16s} {package} {version}: {len(docs)} documents, "
+                  f"{sum(len(t) for _, t in docs) / 1e6:.1f} MB of text", flush=True)
+        yield source, package, version, docs

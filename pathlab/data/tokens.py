@@ -1,0 +1,173 @@
+"""The one token format every corpus uses, written so that a half-written corpus is never taken for a finished one.
+
+A prepared corpus is a folder::
+
+    train.bin  val.bin          uint16 token ids, documents concatenated, each followed by the end-of-text token
+    train.docs.npy val.docs.npy int64 document start offsets (length n_docs + 1, the last one = number of tokens)
+    meta.json                   format, tokenizer, per-split token/document counts and SHA-256, sources, recipe
+
+Every file is written to a temporary name and moved into place with ``os.replace``; ``meta.json`` is written
+last, so a folder without it (or with files whose sizes disagree with it) is "not prepared", never "prepared".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "pathlab-tokens/1"
+META = "meta.json"
+SPLITS = ("train", "val")
+DTYPE = np.uint16
+
+
+class CorpusError(ValueError):
+    """A corpus folder is missing, unfinished, corrupt or does not match what the caller expects."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+class SplitWriter:
+    """Stream documents (token arrays) into ``<split>.bin`` with offsets and a running SHA-256.
+
+    Use as a context manager; the files appear under their final names only when the block exits cleanly::
+
+        with SplitWriter(folder, "train", eot=50256) as w:
+            for ids in documents:
+                w.add(ids)          # the end-of-text token is appended here
+        info = w.info               # tokens, documents, sha256, longest_document
+    """
+
+    def __init__(self, folder: str | Path, split: str, *, eot: int, vocab_size: int = 65536):
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+        if vocab_size > np.iinfo(DTYPE).max + 1:
+            raise ValueError(f"vocab_size: {vocab_size} token ids do not fit uint16")
+        self.folder, self.split, self.eot, self.vocab_size = Path(folder), split, int(eot), int(vocab_size)
+        self.offsets = [0]
+        self.hash = hashlib.sha256()
+        self.info: dict | None = None
+
+    def __enter__(self):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{self.split}.bin.", suffix=".tmp")
+        self.file = os.fdopen(fd, "wb")
+        return self
+
+    def add(self, ids) -> None:
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}); got [{arr.min()}, {arr.max()}]")
+        data = np.append(arr, self.eot).astype(DTYPE).tobytes()
+        self.file.write(data)
+        self.hash.update(data)
+        self.offsets.append(self.offsets[-1] + arr.size + 1)
+
+    def __exit__(self, exc_type, exc, tb):
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        if exc_type is not None:
+            os.unlink(self.tmp)
+            return False
+        offsets = np.asarray(self.offsets, dtype=np.int64)
+        docs_tmp = self.folder / f".{self.split}.docs.npy.tmp"
+        with open(docs_tmp, "wb") as f:
+            np.save(f, offsets)
+        os.replace(self.tmp, self.folder / f"{self.split}.bin")
+        os.replace(docs_tmp, self.folder / f"{self.split}.docs.npy")
+        lengths = np.diff(offsets)
+        self.info = {
+            "file": f"{self.split}.bin",
+            "tokens": int(offsets[-1]),
+            "documents": int(lengths.size),
+            "longest_document": int(lengths.max()) if lengths.size else 0,
+            "sha256": self.hash.hexdigest(),
+        }
+        return False
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_meta(folder: str | Path) -> dict:
+    """``meta.json`` of a prepared corpus; :class:`CorpusError` if the folder is not a finished corpus."""
+    folder = Path(folder)
+    path = folder / META
+    if not path.is_file():
+        raise CorpusError(
+            f"{folder} is not a prepared corpus (no {META}); run `pathlab data prepare NAME` "
+            "(a folder without meta.json is an unfinished preparation)"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CorpusError(f"{path} is corrupt ({err}); delete the folder and prepare the corpus again") from err
+    if meta.get("format") != FORMAT:
+        raise CorpusError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}; prepare the corpus again")
+    return meta
+
+
+def check_files(folder: str | Path, meta: dict | None = None, *, hashes: bool = False) -> list[str]:
+    """Problems with a prepared corpus's files (empty list if none): sizes always, SHA-256 when ``hashes``."""
+    folder = Path(folder)
+    meta = read_meta(folder) if meta is None else meta
+    problems = []
+    itemsize = np.dtype(DTYPE).itemsize
+    for split, info in meta["splits"].items():
+        path = folder / info["file"]
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+            continue
+        if path.stat().st_size != info["tokens"] * itemsize:
+            problems.append(f"{path} has {path.stat().st_size} bytes, expected {info['tokens'] * itemsize}")
+        elif hashes and file_sha256(path) != info["sha256"]:
+            problems.append(f"{path} does not match its recorded SHA-256")
+        if not (folder / f"{split}.docs.npy").is_file():
+            problems.append(f"{folder / f'{split}.docs.npy'} is missing")
+    return problems
+
+
+def open_split(folder: str | Path, split: str, *, meta: dict | None = None) -> np.memmap:
+    """Read-only memmap of ``<split>.bin`` after checking that it is complete (size agrees with meta.json)."""
+    folder = Path(folder)
+    meta = read_meta(folder) if meta is None else meta
+    if split not in meta["splits"]:
+        raise ValueError(f"split: {folder} has splits {sorted(meta['splits'])}, not {split!r}")
+    problems = [p for p in check_files(folder, meta) if f"{split}." in p]
+    if problems:
+        raise CorpusError("; ".join(problems) + " - the corpus is corrupt or unfinished; prepare it again")
+    return np.memmap(folder / meta["splits"][split]["file"], dtype=DTYPE, mode="r")
+
+
+def document_offsets(folder: str | Path, split: str) -> np.ndarray:
+    """int64 start offsets of the documents of ``split`` (length n_docs + 1)."""
+    return np.load(Path(folder) / f"{split}.docs.npy")
