@@ -1,0 +1,130 @@
+"""Chunk layout for the PaTH kernels: every sequence cut into chunks of BT tokens, heads first.
+
+The kernels see one tensor per quantity of shape ``[heads, NC, BT, ...]`` where NC counts the chunks of all
+sequences together (B·⌈T/BT⌉ for a padded batch, Σ_s ⌈L_s/BT⌉ for packed ``cu_seqlens``). A chunk never
+straddles two sequences. The tail of a sequence's last chunk is padding: q = k = v = w = 0 and β = g = 0, so
+each padded transition is the identity, and a padded key is seen only by padded queries (causality within the
+chunk), whose rows are dropped. Per chunk the kernels read two integers:
+
+* ``chunk_index[n]`` = c, the chunk's position inside its sequence (its query block scans key chunks c−1 … 0);
+* ``chunk_first[n]`` = the global index of its sequence's chunk 0 (key chunk m lives at chunk_first + m).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    chunk: int  # BT
+    n_chunks: int  # NC
+    max_chunks: int  # most chunks in one sequence
+    batch: int
+    length: int  # T (padded batch) or total tokens (packed, batch == 1)
+    simple: bool  # padded batch of equal lengths: gather = pad + reshape
+    chunk_index: torch.Tensor  # int32 [NC]
+    chunk_first: torch.Tensor  # int32 [NC]
+    order: torch.Tensor  # int32 [NC]: chunks by decreasing chunk_index (longest scans first)
+    seq_of_chunk: torch.Tensor  # int64 [NC]
+    token_of_slot: torch.Tensor | None  # int64 [NC·BT]: flat token index, or n_tokens for padding
+    slot_of_token: torch.Tensor | None  # int64 [n_tokens]
+
+
+_CACHE: dict = {}
+
+
+def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.Tensor | None = None) -> ChunkLayout:
+    """Layout for ``[B, T]`` tokens, or for packed sequences given by ``cu_seqlens`` (then B must be 1)."""
+    if cu_seqlens is None:
+        key = (batch, length, chunk, str(device))
+        if key in _CACHE:
+            return _CACHE[key]
+        n_per = -(-length // chunk)
+        c = torch.arange(n_per, dtype=torch.int32).repeat(batch)
+        first = (torch.arange(batch, dtype=torch.int32) * n_per).repeat_interleave(n_per)
+        seq = torch.arange(batch).repeat_interleave(n_per)
+        lengths = [length] * batch
+        simple = True
+    else:
+        starts = [int(x) for x in cu_seqlens.tolist()]  # one host sync, like FlashAttention's max_seqlen
+        lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
+        n_per_seq = [max(1, -(-L // chunk)) for L in lengths]
+        c = torch.cat([torch.arange(n, dtype=torch.int32) for n in n_per_seq])
+        offsets = torch.tensor([0] + n_per_seq[:-1]).cumsum(0)
+        first = torch.cat([torch.full((n,), int(o), dtype=torch.int32) for n, o in zip(n_per_seq, offsets)])
+        seq = torch.cat([torch.full((n,), s) for s, n in enumerate(n_per_seq)])
+        simple = False
+    nc = int(c.numel())
+    order = torch.argsort(c, descending=True, stable=True).to(torch.int32)
+    token_of_slot = slot_of_token = None
+    if not simple:
+        n_tokens = starts[-1]
+        tos = torch.full((nc * chunk,), n_tokens, dtype=torch.int64)
+        sot = torch.empty(n_tokens, dtype=torch.int64)
+        slot = 0
+        for s, L in enumerate(lengths):
+            n = max(1, -(-L // chunk))
+            tok = torch.arange(starts[s], starts[s] + L)
+            slots = torch.arange(slot * chunk, slot * chunk + L)
+            tos[slots] = tok
+            sot[tok] = slots
+            slot += n
+        token_of_slot, slot_of_token = tos.to(device), sot.to(device)
+    layout = ChunkLayout(
+        chunk=chunk, n_chunks=nc, max_chunks=int(c.max()) + 1 if nc else 1, batch=batch, length=length,
+        simple=simple, chunk_index=c.to(device), chunk_first=first.to(device), order=order.to(device),
+        seq_of_chunk=seq.to(device), token_of_slot=token_of_slot, slot_of_token=slot_of_token,
+    )
+    if cu_seqlens is None:
+        _CACHE[key] = layout
+    return layout
+
+
+def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``[B, T, H, ...]`` -> ``[H, NC, BT, ...]`` (zeros in the padding). Differentiable."""
+    BT = layout.chunk
+    tail = x.shape[3:]
+    if layout.simple:
+        B, T = x.shape[:2]
+        pad = layout.n_chunks // B * BT - T
+        if pad:
+            x = F.pad(x, (0, 0) * (x.ndim - 2) + (0, pad))
+        x = x.reshape(B * (layout.n_chunks // B), BT, *x.shape[2:])
+    else:
+        flat = x.reshape(-1, *x.shape[2:])
+        flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
+        x = flat.index_select(0, layout.token_of_slot).reshape(layout.n_chunks, BT, *x.shape[2:])
+    dims = (2, 0, 1) + tuple(range(3, 3 + len(tail)))
+    return x.permute(dims).contiguous()
+
+
+def from_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``[H, NC, BT, ...]`` -> ``[B, T, H, ...]``, dropping the padding. Differentiable."""
+    H, NC, BT = x.shape[:3]
+    tail = x.shape[3:]
+    dims = (1, 2, 0) + tuple(range(3, 3 + len(tail)))
+    x = x.permute(dims).reshape(NC * BT, H, *tail)
+    if layout.simple:
+        B = layout.batch
+        return x.reshape(B, NC // B * BT, H, *tail)[:, : layout.length]
+    return x.index_select(0, layout.slot_of_token).reshape(1, -1, H, *tail)
+
+
+def chunk_gate(g_chunks: torch.Tensor, layout: ChunkLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split G = cumsum(g) along each sequence into a local part and a per-chunk offset.
+
+    ``g_chunks`` ``[H, NC, BT]`` fp32 -> (G_local ``[H, NC, BT]`` fp32, offset ``[H, NC]`` fp64) with
+    G_i = offset[chunk(i)] + G_local[i]. The offsets are summed in fp64, so G_i − G_j keeps its precision at any
+    distance (an fp32 cumsum over 64K tokens loses about 3 digits). Differentiable.
+    """
+    local = torch.cumsum(g_chunks, dim=-1)
+    totals = local[..., -1].to(torch.float64)  # [H, NC]
+    inclusive = torch.cumsum(totals, dim=-1)
+    exclusive = inclusive - totals
+    first = layout.chunk_first.long()
+    offset = exclusive - exclusive.index_select(1, first)  # relative to the sequence start
+    return local, offset

@@ -1,0 +1,195 @@
+"""Triton kernels of the PaTH scan: forward (right-to-left with an online softmax) and backward.
+
+Inputs are in the chunk layout of ``_layout`` (``[heads, NC, BT, ·]``, contiguous) and come from the UT
+transform of ``_ut``: per chunk n the carried queries q̃ (fp32), the carried keys k̃, the chunk factors W and U
+(H_last ⋯ H_first = I − Wᵀ U) and the intra-chunk logits S_d.
+
+Forward, one program per (query chunk c, query head):
+    o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
+        S = q k̃_mᵀ · scale + (G_i − G_j);  online softmax;  o += P V_m
+        q ← q − (q W_mᵀ) U_m                (carry the queries across chunk m; q stays fp32)
+    and the log-sum-exp (base 2) is stored for the backward.
+
+Backward, persistent programs, one work item per (query chunk c, query head). Let q⁽ᵐ⁾ be the carried query
+state while visiting key chunk m, q⁽ᵐ⁻¹⁾ = q⁽ᵐ⁾ P_m with P_m = I − W_mᵀ U_m, and λ⁽ᵐ⁾ = ∂L/∂q⁽ᵐ⁾ restricted to
+the keys of chunks ≤ m. Then, with dS = P ∘ (dP − δ):
+    λ⁽ᵐ⁾ = λ⁽ᵐ⁻¹⁾ P_mᵀ + scale · dS_m k̃_m                   (ascending m, λ⁽⁻¹⁾ = 0; dq̃ = λ⁽ᶜ⁻¹⁾)
+    ∂L/∂P_m += q⁽ᵐ⁾ᵀ λ⁽ᵐ⁻¹⁾  ⇒  dW_m −= (λ⁽ᵐ⁻¹⁾ U_mᵀ)ᵀ q⁽ᵐ⁾,  dU_m −= (q⁽ᵐ⁾ W_mᵀ)ᵀ λ⁽ᵐ⁻¹⁾
+    dk̃_m += scale · dS_mᵀ q⁽ᵐ⁾,   dV_m += P_mᵀ dO
+The states q⁽ᵐ⁾ are produced right to left but λ runs left to right, and P_m is singular when some β = 1, so
+the states cannot be recovered by inverting P_m. Each item therefore first replays the forward carry (right to
+left) and writes q⁽ᶜ⁻¹⁾ … q⁽⁰⁾ into a scratch row owned by its *program*, then runs the λ scan left to right
+reading them back. The scratch is ``programs × max_chunks × BT × D`` (fp16 for fp16/bf16 inputs): with a
+fixed number of persistent programs (a few per SM) the extra memory is O(T·D), independent of B and H, and it
+is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
+heads meet in fp32 atomics (dk̃, dV, dW, dU, dG).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _path_fwd_kernel(
+    QS, KS, V, W, U, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX,
+    NC, scale_log2,
+    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    hk = h // GROUP
+    c = tl.load(CHUNK_INDEX + n)
+    first = tl.load(CHUNK_FIRST + n).to(tl.int64)
+    rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    lowp = KS.dtype.element_ty
+
+    q = tl.load(QS + ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :])  # fp32 [BT, D]
+    s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2
+    if HAS_GATE:
+        gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
+        go_c = tl.load(GO + h * NC + n)  # fp64
+        s += gq[:, None] - gq[None, :]
+    s = tl.where(rows[:, None] >= rows[None, :], s, float("-inf"))
+    m_i = tl.max(s, 1)
+    p = tl.math.exp2(s - m_i[:, None])
+    l_i = tl.sum(p, 1)
+    v = tl.load(V + ((hk * NC + n) * BT + rows[:, None]) * DV + vcol[None, :])
+    acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+
+    for mm in range(0, c):
+        m = c - 1 - mm
+        kn = first + m
+        ql = q.to(lowp)
+        kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
+        s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+        if HAS_GATE:
+            gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
+            shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
+            s += gq[:, None] - gk[None, :] + shift
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+        if m > 0:  # move the queries across chunk m: q ← q − (q Wᵀ) U
+            wm = tl.load(W + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
+            um = tl.load(U + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
+            z = tl.dot(ql, tl.trans(wm), input_precision=PREC)
+            q = q - tl.dot(z.to(lowp), um, input_precision=PREC)
+
+    o = acc / l_i[:, None]
+    tl.store(O + ((h * NC + n) * BT + rows[:, None]) * DV + vcol[None, :], o.to(O.dtype.element_ty))
+    tl.store(LSE + (h * NC + n) * BT + rows, m_i + tl.math.log2(l_i))
+
+
+@triton.jit
+def _path_bwd_kernel(
+    QS, KS, V, W, U, SD, GL, GO, DO, LSE, DELTA,
+    DQS, DKS, DVV, DW, DU, DSD, DG, SCRATCH,
+    CHUNK_FIRST, CHUNK_INDEX, ORDER,
+    NC, NH, n_items, max_chunks, scale, scale_log2,
+    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    PREC: tl.constexpr, PREC32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    lowp = KS.dtype.element_ty  # q-states, k̃, W, U inside the scan
+    gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
+    tile_d = rows[:, None] * D + dcol[None, :]
+    tile_v = rows[:, None] * DV + vcol[None, :]
+    scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
+
+    for item in range(pid, n_items, nprog):
+        n = tl.load(ORDER + item // NH).to(tl.int64)
+        h = (item % NH).to(tl.int64)
+        hk = h // GROUP
+        c = tl.load(CHUNK_INDEX + n)
+        first = tl.load(CHUNK_FIRST + n).to(tl.int64)
+
+        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
+        q = tl.load(QS + (h * NC + n) * BT * D + tile_d)
+        for mm in range(0, c):
+            m = c - 1 - mm
+            kn = first + m
+            ql = q.to(lowp)
+            tl.store(scratch + m * BT * D + tile_d, ql)
+            if m > 0:
+                wm = tl.load(W + (hk * NC + kn) * BT * D + tile_d)
+                um = tl.load(U + (hk * NC + kn) * BT * D + tile_d)
+                z = tl.dot(ql, tl.trans(wm), input_precision=PREC)
+                q = q - tl.dot(z.to(lowp), um, input_precision=PREC)
+        tl.debug_barrier()  # scratch writes visible to the whole program
+
+        do = tl.load(DO + (h * NC + n) * BT * DV + tile_v)
+        lse = tl.load(LSE + (h * NC + n) * BT + rows)
+        delta = tl.load(DELTA + (h * NC + n) * BT + rows)
+        if HAS_GATE:
+            gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
+            go_c = tl.load(GO + h * NC + n)
+            dg_row = tl.zeros([BT], dtype=tl.float32)
+        lam = tl.zeros([BT, D], dtype=tl.float32)
+
+        # 2. left to right: λ, and the key-side gradients
+        for m in range(0, c):
+            kn = first + m
+            ql = tl.load(scratch + m * BT * D + tile_d)
+            kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
+            s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+            if HAS_GATE:
+                gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
+                shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
+                s += gq[:, None] - gk[None, :] + shift
+            p = tl.math.exp2(s - lse[:, None])
+            vm = tl.load(V + (hk * NC + kn) * BT * DV + tile_v)
+            dp = tl.dot(do, tl.trans(vm), input_precision=PREC)
+            ds = p * (dp - delta[:, None])  # ∂L/∂logit
+            tl.atomic_add(DVV + (hk * NC + kn) * BT * DV + tile_v,
+                          tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+            dsg = ds.to(gradp)
+            tl.atomic_add(DKS + (hk * NC + kn) * BT * D + tile_d,
+                          tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+            if HAS_GATE:
+                dg_row += tl.sum(ds, 1)
+                tl.atomic_add(DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
+            if m > 0:  # transition P_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
+                wm = tl.load(W + (hk * NC + kn) * BT * D + tile_d)
+                um = tl.load(U + (hk * NC + kn) * BT * D + tile_d)
+                wf = wm.to(tl.float32)
+                y = tl.dot(lam, tl.trans(um.to(tl.float32)), input_precision=PREC32)  # λ Uᵀ   [BT, BT]
+                z = tl.dot(ql, tl.trans(wm), input_precision=PREC)  # q Wᵀ               [BT, BT]
+                tl.atomic_add(DW + (hk * NC + kn) * BT * D + tile_d,
+                              -tl.dot(tl.trans(y), ql.to(tl.float32), input_precision=PREC32))
+                tl.atomic_add(DU + (hk * NC + kn) * BT * D + tile_d,
+                              -tl.dot(tl.trans(z), lam, input_precision=PREC32))
+                lam = lam - tl.dot(y, wf, input_precision=PREC32)
+            lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+
+        # 3. the diagonal block (intra-chunk logits S_d)
+        s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2
+        if HAS_GATE:
+            s += gq[:, None] - gq[None, :]
+        causal = rows[:, None] >= rows[None, :]
+        p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
+        vc = tl.load(V + (hk * NC + n) * BT * DV + tile_v)
+        dp = tl.dot(do, tl.trans(vc), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        tl.store(DSD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :], ds * scale)
+        tl.atomic_add(DVV + (hk * NC + n) * BT * DV + tile_v,
+                      tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        tl.store(DQS + (h * NC + n) * BT * D + tile_d, lam)
+        if HAS_GATE:
+            dg_row += tl.sum(ds, 1)
+            tl.atomic_add(DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
+        tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
