@@ -1,0 +1,201 @@
+"""Train a small model on a state-tracking task and evaluate it: :func:`run_task`.
+
+The model is the library's GPT (``pathlab.build_model``) with the chosen positional variant; the tasks are tagging
+problems on its next-token head (targets aligned with the inputs, -1 where no loss is taken). Training draws fresh
+seeded batches (no fixed training set, so no overfitting to memorise), uses AdamW with a linear warmup and a cosine
+decay to ``min_lr_ratio * lr``, and stops at ``steps``, at ``max_seconds`` or when the quick evaluation of the
+task's primary metric reaches ``stop_at``. When a time budget is set, the schedule follows the larger of the step
+fraction and the time fraction, so a time-bounded run still ends its decay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from pathlab.tasks.settings import resolve_settings
+from pathlab.tasks.specs import batch_counts, get_task, split_metrics
+
+DATA_CHUNK = 8  # training batches generated per call of the (vectorised) generators
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device=cpu or auto")
+    return torch.device(name)
+
+
+def build_task_model(task_name: str, attention: str, s: Mapping[str, Any]):
+    """The GPT of the run: ``s`` gives depth, width, heads and the MLP ratio; the task gives the vocabulary."""
+    from pathlab import ModelConfig, build_model
+
+    task = get_task(task_name)
+    cfg = ModelConfig(n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
+                      vocab_size=task.vocab_size(s), attention=attention,
+                      attention_kwargs=dict(s["attention_kwargs"]), mlp_ratio=s["mlp_ratio"], dropout=0.0)
+    return build_model(cfg)
+
+
+def _optimizer(model, s):
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": s["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=s["lr"], betas=(s["beta1"], s["beta2"]))
+
+
+def learning_rate(s: Mapping[str, Any], step: int, progress: float) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine from ``lr`` to ``min_lr_ratio * lr`` as ``progress``
+    (fraction of the budget used, in [0, 1]) goes from the end of warmup to 1."""
+    if step < s["warmup"]:
+        return s["lr"] * (step + 1) / (s["warmup"] + 1)
+    warm = s["warmup"] / max(s["steps"], 1)
+    frac = min(max((progress - warm) / max(1.0 - warm, 1e-9), 0.0), 1.0)
+    floor = s["lr"] * s["min_lr_ratio"]
+    return floor + 0.5 * (s["lr"] - floor) * (1.0 + math.cos(math.pi * frac))
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+@torch.no_grad()
+def evaluate_model(model, task_name: str, s: Mapping[str, Any], *, quick: bool = False,
+                   device: torch.device | None = None) -> dict[str, dict]:
+    """Per-split metrics (see :func:`pathlab.tasks.specs.split_metrics`) on the task's held-out sets."""
+    task = get_task(task_name)
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = {}
+    for split, (x, y) in task.eval_sets(dict(s), quick).items():
+        totals: dict[str, float] = {}
+        for i in range(0, x.shape[0], s["eval_batch_size"]):
+            xb = x[i:i + s["eval_batch_size"]].to(device)
+            yb = y[i:i + s["eval_batch_size"]].to(device)
+            with _autocast(device, s["precision"]):
+                logits, _ = model(xb, yb)[:2]
+            for key, value in batch_counts(logits.float(), yb).items():
+                totals[key] = totals.get(key, 0.0) + value
+        out[split] = split_metrics(totals)
+    model.train(was_training)
+    return out
+
+
+def run_task(task: str, attention: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None,
+             out: str | Path | None = None, progress: bool = True, command: str | None = None) -> dict:
+    """Train and evaluate one model; returns the result record (also written atomically to ``out`` as JSON).
+
+    Args:
+        task: "flipflop", "a5" or "mqrar".
+        attention: a registered variant name (``pathlab.available_attention()``).
+        profile: a profile of ``configs/tasks/<task>.yaml`` ("tiny-cpu", "cpu", "h200"), or None for defaults.
+        overrides: settings on top of the profile (see :mod:`pathlab.tasks.settings`).
+        out: JSON path for the result, or None.
+        progress: show a tqdm bar.
+        command: the command line that produced the run, stored in the record.
+    """
+    from pathlab import available_attention
+
+    if attention not in available_attention():
+        raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(available_attention())}")
+    spec = get_task(task)
+    s = resolve_settings(task, profile=profile, overrides=overrides)
+    device = resolve_device(s["device"])
+    torch.manual_seed(s["seed"])
+    model = build_task_model(task, attention, s).to(device)
+    model.train()
+    opt = _optimizer(model, s)
+
+    history: list[dict] = []
+    split, metric = spec.primary
+    stopped, t0, step, loss_ema = "steps", time.perf_counter(), 0, None
+    chunk: list = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=s["steps"], desc=f"{task}/{attention}", leave=False, dynamic_ncols=True)
+    try:
+        while step < s["steps"]:
+            elapsed = time.perf_counter() - t0
+            if s["max_seconds"] is not None and elapsed >= s["max_seconds"]:
+                stopped = "time"
+                break
+            frac = step / s["steps"]
+            if s["max_seconds"] is not None:
+                frac = max(frac, elapsed / s["max_seconds"])
+            lr = learning_rate(s, step, frac)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            if not chunk:
+                x, y = spec.train_batch({**s, "batch_size": s["batch_size"] * DATA_CHUNK}, step // DATA_CHUNK)
+                chunk = list(zip(x.split(s["batch_size"]), y.split(s["batch_size"])))
+            xb, yb = (t.to(device, non_blocking=True) for t in chunk.pop(0))
+            with _autocast(device, s["precision"]):
+                _, loss = model(xb, yb)[:2]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if s["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
+            opt.step()
+            step += 1
+            if step % s["eval_every"] == 0 or step == s["steps"]:
+                value = loss.item()
+                if not math.isfinite(value):
+                    stopped = "diverged"
+                    break
+                loss_ema = value if loss_ema is None else 0.7 * loss_ema + 0.3 * value
+                quick = evaluate_model(model, task, s, quick=True, device=device)
+                history.append({"step": step, "seconds": round(time.perf_counter() - t0, 3), "lr": lr,
+                                "train_loss": value, metric: quick[split][metric]})
+                if bar is not None:
+                    bar.set_postfix(loss=f"{value:.4f}", **{metric: f"{quick[split][metric]:.4f}"})
+                if s["stop_at"] is not None and quick[split][metric] >= s["stop_at"]:
+                    stopped = "target"
+                    break
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    train_seconds = time.perf_counter() - t0
+
+    metrics = evaluate_model(model, task, s, device=device)
+    record = {
+        "task": task,
+        "attention": attention,
+        "profile": profile,
+        "settings": s,
+        "summary": spec.summary(metrics),
+        "metrics": metrics,
+        "steps": step,
+        "stopped": stopped,
+        "train_seconds": round(train_seconds, 2),
+        "eval_seconds": round(time.perf_counter() - t0 - train_seconds, 2),
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "history": history,
+        "command": command,
+    }
+    if out is not None:
+        write_json(out, record)
+    return record
+
+
+def write_json(path: str | Path, record: Mapping) -> Path:
+    """Atomically write a task record (with library versions and git revision) as indented JSON."""
+    from pathlab.results import atomic_write_text, git_revision, library_versions, to_jsonable
+
+    payload = dict(record)
+    payload.setdefault("versions", library_versions())
+    payload.setdefault("git_revision", git_revision())
+    return atomic_write_text(path, json.dumps(to_jsonable(payload), indent=1, allow_nan=False) + "\n")

@@ -1,0 +1,154 @@
+"""Many task runs at once: the A5 depth sweep and the whole three-task suite, optionally in parallel workers.
+
+**A5 depth sweep.** For each (attention, length k), train with 1, 2, ... layers (the ``layers`` list, ascending)
+and stop at the first depth whose test sequence accuracy exceeds ``solved_at`` (90%, Merrill et al.): that depth
+is the minimum number of layers for k (None when no depth in the list solves it).
+
+**Suite.** Flip-flop per attention, MQRAR-N per attention and N, and the A5 sweep, all from one profile of
+``configs/tasks/*.yaml``. Small models leave a GPU mostly idle, so ``workers > 1`` runs independent jobs in
+separate processes sharing the device. Each task's aggregate JSON is rewritten (atomically) after every finished
+job, so a run cut short still leaves every finished result on disk.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pathlab.tasks.runner import run_task, write_json
+from pathlab.tasks.settings import resolve_settings, sweep_profile
+
+DEFAULT_ATTENTIONS = ("rope", "fox", "path", "path_fox")
+
+
+def a5_chain(attention: str, length: int, layers: Sequence[int], *, profile: str | None,
+             overrides: Mapping[str, Any] | None = None, progress: bool = False) -> dict:
+    """Train A5 at one length with increasing depth until one solves it; returns the chain record."""
+    runs = []
+    min_layers = None
+    for n_layer in sorted(layers):
+        rec = run_task("a5", attention, profile=profile,
+                       overrides={**dict(overrides or {}), "length": int(length), "n_layer": int(n_layer)},
+                       progress=progress)
+        runs.append(rec)
+        if rec["summary"]["sequence_accuracy"] > rec["settings"]["solved_at"]:
+            min_layers = int(n_layer)
+            break
+    return {"attention": attention, "length": int(length), "layers_tried": [r["settings"]["n_layer"] for r in runs],
+            "min_layers": min_layers, "runs": runs}
+
+
+def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
+    """One unit of work in a worker process (top-level, so that it pickles)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.set_num_threads(1)  # the GPU does the work; many workers must not fight over CPU threads
+    if kind == "a5":
+        return a5_chain(attention, extra["length"], extra["layers"], profile=profile, overrides=overrides)
+    return run_task(kind, attention, profile=profile, overrides={**dict(overrides or {}), **extra}, progress=False)
+
+
+def _aggregate(task: str, profile, command, results: list[dict], **fields) -> dict:
+    key = "chains" if task == "a5" else "runs"
+    # a stable order whatever order the workers finished in
+    results = sorted(results, key=lambda r: (r["attention"], r.get("length", 0),
+                                             r.get("settings", {}).get("n_back", 0)))
+    return {"task": "a5_sweep" if task == "a5" else task, "profile": profile, "command": command, **fields,
+            key: results}
+
+
+def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
+              tasks: Sequence[str] = ("flipflop", "mqrar", "a5"), out_dir: str | Path,
+              workers: int = 1, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+              sweeps: Mapping[str, Mapping[str, Any]] | None = None, paths: Mapping[str, Path] | None = None,
+              command: str | None = None, log=print) -> dict[str, Path]:
+    """Run the suite of ``profile`` and write ``<out_dir>/{flipflop,mqrar,a5_sweep}.json``.
+
+    ``overrides`` maps a task name to settings applied on top of the profile (e.g. ``{"a5": {"steps": 50}}``);
+    the sweep lists (A5 ``lengths``/``layers``, MQRAR ``n_back``) come from the ``sweep:`` section of each task's
+    YAML, updated by ``sweeps[task]``. ``paths`` overrides the output file of a task. Returns the paths by task.
+    """
+    overrides = {t: dict((overrides or {}).get(t, {})) for t in tasks}
+    for t in tasks:  # fail before starting any worker on a bad setting
+        resolve_settings(t, profile=profile, overrides=overrides[t])
+    jobs: list[tuple[str, str, dict]] = []
+    fields: dict[str, dict] = {}
+    if "a5" in tasks:
+        sw = {**sweep_profile("a5", profile), **dict((sweeps or {}).get("a5", {}))}
+        lengths, layers = sw.get("lengths", [16]), sw.get("layers", [1, 2, 3, 4])
+        solved_at = resolve_settings("a5", profile=profile, overrides=overrides["a5"])["solved_at"]
+        fields["a5"] = {"lengths": lengths, "layers": layers, "solved_at": solved_at}
+        jobs += [("a5", a, {"length": k, "layers": layers}) for k in sorted(lengths, reverse=True) for a in attentions]
+    if "mqrar" in tasks:
+        sw = {**sweep_profile("mqrar", profile), **dict((sweeps or {}).get("mqrar", {}))}
+        n_backs = sw.get("n_back", [1, 2, 3, 4])
+        fields["mqrar"] = {"n_back": n_backs}
+        jobs += [("mqrar", a, {"n_back": n}) for n in n_backs for a in attentions]
+    if "flipflop" in tasks:
+        fields["flipflop"] = {}
+        jobs += [("flipflop", a, {}) for a in attentions]
+    # the longest jobs first (flip-flop and the deepest A5 chains), so the pool drains evenly
+    order = {"flipflop": 0, "a5": 1, "mqrar": 2}
+    jobs.sort(key=lambda j: order[j[0]])
+
+    out_dir = Path(out_dir)
+    results: dict[str, list] = {t: [] for t in tasks}
+    paths = {t: Path((paths or {}).get(t) or out_dir / ("a5_sweep.json" if t == "a5" else f"{t}.json"))
+             for t in tasks}
+    t0 = time.perf_counter()
+
+    def finish(job, rec):
+        task = job[0]
+        results[task].append(rec)
+        write_json(paths[task], _aggregate(task, profile, command, results[task], **fields[task]))
+        if task == "a5":
+            desc = f"A5 k={rec['length']}: min layers {rec['min_layers']} (tried {rec['layers_tried']})"
+        else:
+            desc = f"{task} {job[2] or ''}: {_short(rec['summary'])} ({rec['steps']} steps, {rec['stopped']})"
+        log(f"[{time.perf_counter() - t0:7.1f}s] {job[1]:>9} {desc}")
+
+    if workers <= 1:
+        for job in jobs:
+            finish(job, _job(job[0], job[1], profile, overrides[job[0]], job[2]))
+    else:
+        ctx = mp.get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = {pool.submit(_job, j[0], j[1], profile, overrides[j[0]], j[2]): j for j in jobs}
+            for fut in cf.as_completed(futures):
+                job = futures[fut]
+                try:
+                    rec = fut.result()
+                except Exception as err:  # one failed job is reported; the others still finish
+                    log(f"FAILED {job}: {type(err).__name__}: {err}")
+                    continue
+                finish(job, rec)
+    return paths
+
+
+def _short(summary: Mapping) -> str:
+    parts = []
+    for key, value in summary.items():
+        if isinstance(value, Mapping):
+            parts.append(f"{key} " + " ".join(f"{k}={v:.4g}" for k, v in value.items() if isinstance(v, float)))
+        elif isinstance(value, float):
+            parts.append(f"{key}={value:.4g}")
+    return "; ".join(parts)
+
+
+def sweep_a5(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS, lengths: Sequence[int] | None = None,
+             layers: Sequence[int] | None = None, out: str | Path, workers: int = 1,
+             overrides: Mapping[str, Any] | None = None, command: str | None = None, log=print) -> Path:
+    """The A5 depth sweep alone, written to ``out``; ``lengths``/``layers`` default to the profile's sweep section."""
+    sweep = {}
+    if lengths:
+        sweep["lengths"] = [int(k) for k in lengths]
+    if layers:
+        sweep["layers"] = [int(n) for n in layers]
+    paths = run_suite(profile=profile, attentions=attentions, tasks=("a5",), out_dir=Path(out).parent,
+                      workers=workers, overrides={"a5": dict(overrides or {})}, sweeps={"a5": sweep},
+                      paths={"a5": Path(out)}, command=command, log=log)
+    return paths["a5"]

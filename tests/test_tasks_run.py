@@ -1,0 +1,121 @@
+"""End-to-end task runs on the CPU: settings, the training loop, the sweep and the CLI (tiny profiles)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from pathlab.tasks import cli as tasks_cli
+from pathlab.tasks.runner import learning_rate, run_task
+from pathlab.tasks.settings import parse_overrides, resolve_settings
+from pathlab.tasks.specs import batch_counts, split_metrics
+from pathlab.tasks.suite import run_suite, sweep_a5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny models: one thread is faster than two fighting over a busy machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("task,attention", [("flipflop", "path"), ("a5", "rope"), ("mqrar", "path_fox")])
+def test_tiny_run_end_to_end(tmp_path, task, attention):
+    out = tmp_path / f"{task}.json"
+    rec = run_task(task, attention, profile="tiny-cpu", out=out, progress=False, command="test")
+    on_disk = json.loads(out.read_text())
+    assert on_disk["summary"] == rec["summary"] and on_disk["command"] == "test"
+    assert on_disk["settings"]["attention_kwargs"] == {} and "torch" in on_disk["versions"]
+    assert rec["steps"] == rec["settings"]["steps"] and rec["stopped"] == "steps"
+    assert len(rec["history"]) == rec["steps"] // rec["settings"]["eval_every"]
+    for split, m in rec["metrics"].items():
+        assert 0.0 <= m["accuracy"] <= 1.0 and m["n_scored"] > 0 and math.isfinite(m["loss"])
+    if task == "flipflop":
+        assert set(rec["summary"]["read_error"]) == {"in_dist", "sparse", "dense"}
+    # same seed, same run: bitwise-identical metrics on the CPU
+    again = run_task(task, attention, profile="tiny-cpu", progress=False)
+    assert again["metrics"] == rec["metrics"]
+
+
+def test_training_learns_flipflop_with_path():
+    # PaTH solves short flip-flop sequences within ~50 steps; an untrained model errs on about half of the reads
+    rec = run_task("flipflop", "path", progress=False, overrides=dict(
+        n_instructions=16, n_layer=1, n_head=2, n_embd=32, steps=80, batch_size=32, lr=3e-3, warmup=20,
+        eval_every=40, n_eval=200, n_eval_sparse=200, n_eval_dense=50))
+    assert rec["summary"]["read_error"]["in_dist"] < 0.05, rec["summary"]
+    assert rec["summary"]["n_reads"]["in_dist"] > 300
+
+
+def test_scoring_counts():
+    y = torch.tensor([[-1, 2, 3], [-1, -1, 1], [-1, -1, -1]])
+    pred = torch.tensor([[0, 2, 3], [0, 0, 0], [0, 0, 0]])
+    logits = torch.nn.functional.one_hot(pred, 5).float() * 10
+    m = split_metrics(batch_counts(logits, y))
+    assert m["accuracy"] == pytest.approx(2 / 3)
+    assert m["sequence_accuracy"] == pytest.approx(1 / 2) and m["last_accuracy"] == pytest.approx(1 / 2)
+    assert m["n_scored"] == 3 and m["n_sequences"] == 2
+
+
+def test_settings_layers_and_errors():
+    s = resolve_settings("mqrar", profile="h200", overrides={"n_back": 3, "lr": "3e-4"} | {"lr": 3e-4})
+    assert (s["n_layer"], s["n_embd"], s["n_head"], s["n_pairs"], s["length"]) == (2, 256, 2, 32, 768)
+    assert s["n_back"] == 3 and s["lr"] == 3e-4
+    assert parse_overrides(["a=1", "b=x", "c=None", "d={'k': 2}"]) == {"a": 1, "b": "x", "c": None, "d": {"k": 2}}
+    with pytest.raises(ValueError, match="unknown setting 'n_layers'"):
+        resolve_settings("a5", overrides={"n_layers": 2})
+    with pytest.raises(ValueError, match="steps must be an int"):
+        resolve_settings("a5", overrides={"steps": "many"})
+    with pytest.raises(ValueError, match="variant must be one of"):
+        resolve_settings("a5", overrides={"variant": "parity"})
+    with pytest.raises(ValueError, match="profile must be one of"):
+        resolve_settings("flipflop", profile="laptop")
+    with pytest.raises(ValueError, match="length must exceed"):
+        resolve_settings("mqrar", overrides={"n_back": 4, "length": 200})
+    with pytest.raises(ValueError, match="unknown attention"):
+        run_task("a5", "sinusoidal", profile="tiny-cpu", progress=False)
+
+
+def test_learning_rate_schedule():
+    s = resolve_settings("a5", overrides=dict(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1))
+    lrs = [learning_rate(s, i, i / 100) for i in range(101)]
+    assert lrs[0] == pytest.approx(1 / 11) and max(lrs) == pytest.approx(1.0, abs=0.01)
+    assert lrs[-1] == pytest.approx(0.1) and all(a >= b - 1e-12 for a, b in zip(lrs[10:], lrs[11:]))
+    # a time-bounded run decays by the time fraction when it runs ahead of the steps
+    assert learning_rate(s, 20, 1.0) == pytest.approx(0.1)
+
+
+def test_a5_sweep_and_suite(tmp_path):
+    out = tmp_path / "sweep.json"
+    sweep_a5(profile="tiny-cpu", attentions=["rope"], lengths=[2], layers=[1, 2], out=out,
+             overrides={"steps": 4, "eval_every": 2}, command="cmd", log=lambda *_: None)
+    doc = json.loads(out.read_text())
+    (chain,) = doc["chains"]
+    assert doc["command"] == "cmd" and doc["lengths"] == [2] and doc["layers"] == [1, 2]
+    # 4 steps cannot solve A5: both depths are tried, and the minimum is unknown
+    assert chain["layers_tried"] == [1, 2] and chain["min_layers"] is None
+    assert tasks_cli.min_layers_table(out) == {"rope": {2: None}}
+
+    paths = run_suite(profile="tiny-cpu", attentions=["nope"], tasks=["mqrar", "flipflop"], out_dir=tmp_path,
+                      overrides={"mqrar": {"steps": 2, "eval_every": 1}, "flipflop": {"steps": 2}},
+                      log=lambda *_: None)
+    mq = json.loads(paths["mqrar"].read_text())
+    assert [r["settings"]["n_back"] for r in mq["runs"]] == [1, 2]
+    assert json.loads(paths["flipflop"].read_text())["runs"][0]["attention"] == "nope"
+
+
+def test_cli_run_and_errors(tmp_path, capsys):
+    from pathlab.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["tasks", "run", "a5", "--attention", "fox", "--profile", "tiny-cpu", "--quiet", "--out", str(out),
+                 "steps=3", "eval_every=3"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["steps"] == 3 and rec["command"].startswith("pathlab ")
+    assert main(["tasks", "run", "a5", "--attention", "fox", "--profile", "tiny-cpu", "--quiet", "--out",
+                 str(out), "depth=3"]) == 2
+    assert "unknown setting 'depth'" in capsys.readouterr().err
+    assert main(["tasks", "settings", "flipflop", "--profile", "h200"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_embd"] == 64
