@@ -47,7 +47,7 @@ class PositionalAttention(nn.Module):
 
     # ----------------------------------------------------------------- generation
     def new_cache(self, batch: int, max_len: int, *, device, dtype) -> "SoftmaxCache":
-        return SoftmaxCache(batch, self.n_head, max_len, self.head_dim, device=device)
+        return SoftmaxCache(batch, self.n_head, max_len, self.head_dim, device=device, dtype=dtype)
 
     def prefill(self, cache, q, k, v, *, x, idx=None):
         """Process a prompt: fill ``cache`` and return the prompt's output (the parallel form)."""
@@ -59,17 +59,18 @@ class PositionalAttention(nn.Module):
 
 
 class SoftmaxCache:
-    """KV cache for softmax-family variants, fp32, preallocated.
+    """KV cache for softmax-family variants, preallocated, in fp32 (fp64 for an fp64 model).
 
     Holds per position j the transformed key k̃_j, value ṽ_j and one scalar per head (ALiBi's position j, FoX's
     G_j), plus whatever running state a variant needs (``self.state``: accumulated phases, gate sums, t).
     """
 
-    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, *, device):
+    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, *, device, dtype=torch.float32):
         shape = (batch, n_head, max_len)
-        self.keys = torch.zeros(*shape, head_dim, device=device)
-        self.values = torch.zeros(*shape, head_dim, device=device)
-        self.key_scalar = torch.zeros(*shape, device=device)
+        work = torch.promote_types(dtype, torch.float32)
+        self.keys = torch.zeros(*shape, head_dim, device=device, dtype=work)
+        self.values = torch.zeros(*shape, head_dim, device=device, dtype=work)
+        self.key_scalar = torch.zeros(*shape, device=device, dtype=work)
         self.length = 0
         self.max_len = max_len
         self.state: dict = {}
@@ -83,19 +84,19 @@ class SoftmaxCache:
         if self.length + T > self.max_len:
             raise ValueError(f"cache holds {self.max_len} tokens; cannot add {T} to {self.length}")
         span = slice(self.length, self.length + T)
-        self.keys[:, :, span] = keys.transpose(1, 2).float()
-        self.values[:, :, span] = values.transpose(1, 2).float()
+        self.keys[:, :, span] = keys.transpose(1, 2)
+        self.values[:, :, span] = values.transpose(1, 2)
         if key_scalar is not None:
-            self.key_scalar[:, :, span] = key_scalar.transpose(1, 2).float()
+            self.key_scalar[:, :, span] = key_scalar.transpose(1, 2)
         self.length += T
 
     def attend(self, q, scale: float, query_bias=None):
         """o = softmax(scale · q̃ K̃ᵀ + bias) Ṽ for one query ``q [B, 1, H, D]``; ``query_bias(key_scalar)`` gives
-        the additive term ``[B, H, L]`` from the cached scalars. Returns ``[B, 1, H, Dv]`` fp32."""
+        the additive term ``[B, H, L]`` from the cached scalars. Returns ``[B, 1, H, Dv]`` in the cache's dtype."""
         L = self.length
-        scores = torch.einsum("bhd,bhld->bhl", q[:, 0].float(), self.keys[:, :, :L]) * scale
+        scores = torch.einsum("bhd,bhld->bhl", q[:, 0].to(self.keys.dtype), self.keys[:, :, :L]) * scale
         if query_bias is not None:
-            scores = scores + query_bias(self.key_scalar[:, :, :L])
+            scores = scores + query_bias(self.key_scalar[:, :, :L]).to(scores.dtype)
         probs = torch.softmax(scores, dim=-1)
         return torch.einsum("bhl,bhld->bhd", probs, self.values[:, :, :L])[:, None]
 

@@ -20,7 +20,8 @@ class ForgetGate(nn.Module):
         self.proj = nn.Linear(n_embd, n_head, bias=True)
 
     def forward(self, x):
-        return F.logsigmoid(self.proj(x).float())
+        logits = self.proj(x)
+        return F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32)))
 
 
 class FoX(PositionalAttention):

@@ -72,7 +72,8 @@ class PaTH(PositionalAttention):
         """(w ``[B, T, Hkv, D]`` unnormalised, β ``[B, T, Hkv]`` fp32, g ``[B, T, H]`` fp32 or None)."""
         B, T = x.shape[:2]
         w = self._conv(self.w_proj(x), conv_tail).view(B, T, self.n_kv_head, self.head_dim)
-        beta = 2.0 * torch.sigmoid(self.beta_proj(x).float())
+        b = self.beta_proj(x)
+        beta = 2.0 * torch.sigmoid(b.to(torch.promote_types(b.dtype, torch.float32)))
         if self.beta_max is not None:
             beta = beta.clamp(max=self.beta_max)
         g = self.gate(x) if self.gate is not None else None

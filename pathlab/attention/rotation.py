@@ -75,7 +75,8 @@ class RotationAttention(PositionalAttention):
         n_block = self.head_dim // 2
         omega = self.omega.to(x.device)
         if self.mode == "learned":
-            xi = 2.0 * torch.sigmoid(self.angle_proj(x).float()).view(B, T, self.n_head, n_block)
+            a = self.angle_proj(x)
+            xi = 2.0 * torch.sigmoid(a.to(torch.promote_types(a.dtype, torch.float32))).view(B, T, self.n_head, n_block)
             return omega * xi
         if self.table == "token":
             if idx is None:
