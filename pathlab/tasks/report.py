@@ -1,0 +1,243 @@
+"""Tables, claims and the figure of the state-tracking notebook, computed from the suite's JSON files.
+
+The suite (:func:`pathlab.tasks.suite.run_suite`) writes ``flipflop.json``, ``mqrar.json`` and ``a5_sweep.json``
+into one folder; committed results live in ``results/tasks/<profile>/`` (``h200``: the paper-sized models on one
+H200; ``cpu``: the CPU-sized settings). :func:`state_tracking_data` turns such a folder into the plotted numbers
+and :func:`state_tracking_claims` checks the issue's targets against them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+FILES = {"flipflop": "flipflop.json", "mqrar": "mqrar.json", "a5": "a5_sweep.json"}
+
+# PaTH Table 1 (1 layer, 2 heads, width 64): read error in percent, (in distribution, sparse, dense)
+PAPER_FLIPFLOP_PERCENT = {
+    "rope": (6.9, 40.3, 0.01),
+    "sba": (9.6, 38.9, 0.0),
+    "fox": (8.3, 36.3, 0.0),
+    "path": (0.0, 0.0001, 0.0),
+}
+SPLITS = ("in_dist", "sparse", "dense")
+ORDER = ("rope", "fox", "path", "path_fox")
+LABELS = {"rope": "RoPE", "fox": "FoX", "path": "PaTH", "path_fox": "PaTH-FoX", "nope": "NoPE", "alibi": "ALiBi",
+          "sba": "SBA"}
+
+
+def _label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def _sorted_attentions(names) -> list[str]:
+    names = list(dict.fromkeys(names))
+    return sorted(names, key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a))
+
+
+def find_results(root: str | Path, prefer=("h200", "cpu")) -> Path | None:
+    """The first folder ``root/<p>`` (p in ``prefer``) that holds all three suite files, or None."""
+    for name in prefer:
+        folder = Path(root) / name
+        if all((folder / f).is_file() for f in FILES.values()):
+            return folder
+    return None
+
+
+def load_suite(folder: str | Path) -> dict[str, dict]:
+    """{"flipflop": ..., "mqrar": ..., "a5": ...} from a suite folder (missing files are left out)."""
+    out = {}
+    for task, name in FILES.items():
+        path = Path(folder) / name
+        if path.is_file():
+            with open(path, encoding="utf-8") as f:
+                out[task] = json.load(f)
+    return out
+
+
+def obtain_results(profile: str, fast: bool, *, root: str | Path = ".", retrain: bool = False,
+                   attentions=ORDER, log=print) -> tuple[Path, str]:
+    """The suite folder the notebook plots, and where it came from.
+
+    Committed results (``results/tasks/h200``, then ``results/tasks/cpu`` for the tiny-cpu profile) are used
+    when present, unless ``retrain``. Otherwise the suite is trained now: the ``tiny-cpu`` task profile in fast
+    mode (about a minute on a CPU, a pipeline check rather than a result), else the ``cpu`` task profile (for the
+    tiny-cpu notebook profile) or ``h200`` (for the GPU profiles), into ``runs/tasks/<task profile>/``.
+    """
+    from pathlab.tasks.suite import run_suite
+
+    root = Path(root)
+    if not retrain:
+        prefer = ("h200", "cpu") if profile == "tiny-cpu" else ("h200",)
+        folder = find_results(root / "results" / "tasks", prefer)
+        if folder is not None:
+            return folder, f"committed results in {folder.relative_to(root)}"
+    task_profile = "tiny-cpu" if fast else ("cpu" if profile == "tiny-cpu" else "h200")
+    folder = root / ("build" if fast else "runs") / "tasks" / task_profile
+    run_suite(profile=task_profile, attentions=attentions, out_dir=folder, log=log,
+              command=f"pathlab tasks suite --profile {task_profile} --out-dir {folder.relative_to(root)}")
+    return folder, f"trained now with the {task_profile} task profile into {folder.relative_to(root)}"
+
+
+# ------------------------------------------------------------------------------------------------- tables
+
+
+def flipflop_table(doc: Mapping) -> list[dict]:
+    """One row per attention: our read errors and the paper's, in percent, with the number of reads scored."""
+    rows = []
+    order = _sorted_attentions(r["attention"] for r in doc["runs"])
+    for run in sorted(doc["runs"], key=lambda r: order.index(r["attention"])):
+        err, n = run["summary"]["read_error"], run["summary"]["n_reads"]
+        paper = PAPER_FLIPFLOP_PERCENT.get(run["attention"])
+        rows.append({
+            "attention": run["attention"],
+            **{f"{s}_percent": 100.0 * err[s] for s in SPLITS},
+            **{f"{s}_reads": n[s] for s in SPLITS},
+            **{f"paper_{s}_percent": (paper[i] if paper else None) for i, s in enumerate(SPLITS)},
+            "steps": run["steps"], "train_seconds": run["train_seconds"],
+        })
+    return rows
+
+
+def format_flipflop_table(rows: list[dict]) -> str:
+    """Markdown table: ours vs the paper, read errors in percent."""
+    head = "| model | in-dist (ours / paper) | sparse (ours / paper) | dense (ours / paper) | steps |\n" \
+           "|---|---|---|---|---|\n"
+
+    def cell(row, s):
+        paper = row[f"paper_{s}_percent"]
+        return f"{row[f'{s}_percent']:.3g}% / " + ("—" if paper is None else f"{paper:g}%")
+
+    lines = [f"| {_label(r['attention'])} | {cell(r, 'in_dist')} | {cell(r, 'sparse')} | {cell(r, 'dense')} | "
+             f"{r['steps']} |" for r in rows]
+    return head + "\n".join(lines)
+
+
+def a5_min_layers(doc: Mapping) -> dict[str, dict[int, int | None]]:
+    """{attention: {length: minimum layers with sequence accuracy > solved_at, or None}}."""
+    table: dict[str, dict[int, int | None]] = {}
+    for chain in doc["chains"]:
+        table.setdefault(chain["attention"], {})[int(chain["length"])] = chain["min_layers"]
+    return {a: dict(sorted(table[a].items())) for a in _sorted_attentions(table)}
+
+
+def a5_accuracy(doc: Mapping) -> dict[str, dict[int, dict[int, float]]]:
+    """{attention: {length: {layers: sequence accuracy}}} for every depth tried."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for chain in doc["chains"]:
+        for run in chain["runs"]:
+            out.setdefault(chain["attention"], {}).setdefault(int(chain["length"]), {})[
+                int(run["settings"]["n_layer"])] = run["summary"]["sequence_accuracy"]
+    return out
+
+
+def mqrar_accuracy(doc: Mapping) -> dict[str, dict[int, float]]:
+    """{attention: {N: answer accuracy}}."""
+    table: dict[str, dict[int, float]] = {}
+    for run in doc["runs"]:
+        table.setdefault(run["attention"], {})[int(run["settings"]["n_back"])] = run["summary"]["accuracy"]
+    return {a: dict(sorted(table[a].items())) for a in _sorted_attentions(table)}
+
+
+def state_tracking_data(folder: str | Path) -> dict:
+    """The numbers the notebook plots, from one suite folder."""
+    suite = load_suite(folder)
+    data: dict = {"source": str(folder)}
+    if "flipflop" in suite:
+        data["flipflop"] = flipflop_table(suite["flipflop"])
+        data["flipflop_command"] = suite["flipflop"].get("command")
+    if "a5" in suite:
+        data["a5_min_layers"] = a5_min_layers(suite["a5"])
+        data["a5_accuracy"] = a5_accuracy(suite["a5"])
+        data["a5_layers_tried"] = suite["a5"].get("layers")
+        data["a5_solved_at"] = suite["a5"].get("solved_at")
+        data["a5_command"] = suite["a5"].get("command")
+    if "mqrar" in suite:
+        data["mqrar_accuracy"] = mqrar_accuracy(suite["mqrar"])
+        data["mqrar_command"] = suite["mqrar"].get("command")
+    return data
+
+
+# ------------------------------------------------------------------------------------------------- claims
+
+
+def state_tracking_claims(data: Mapping) -> dict[str, bool]:
+    """The issue's targets, each True/False on these numbers (absent when the needed runs are missing)."""
+    claims: dict[str, bool] = {}
+    ff = {r["attention"]: r for r in data.get("flipflop", [])}
+    if "path" in ff:
+        claims["flipflop_path_in_dist_error_at_most_0.1pct"] = ff["path"]["in_dist_percent"] <= 0.1
+        claims["flipflop_path_sparse_error_at_most_0.1pct"] = ff["path"]["sparse_percent"] <= 0.1
+        if "rope" in ff:  # "clearly higher": at least one percentage point and ten times PaTH's
+            r, p = ff["rope"]["sparse_percent"], ff["path"]["sparse_percent"]
+            claims["flipflop_rope_sparse_error_clearly_above_path"] = r >= p + 1.0 and r >= 10 * p
+    mq = {a: {int(n): v for n, v in t.items()} for a, t in data.get("mqrar_accuracy", {}).items()}
+    if all(a in mq for a in ("path", "rope", "fox")) and all(n in mq["path"] for n in (2, 3)):
+        claims["mqrar_path_above_rope_and_fox_for_n_2_and_3"] = all(
+            mq["path"][n] > mq[a].get(n, 1.0) for n in (2, 3) for a in ("rope", "fox"))
+    a5 = {a: {int(k): v for k, v in t.items()} for a, t in data.get("a5_min_layers", {}).items()}
+    if "path" in a5 and "rope" in a5:
+        never = max(data.get("a5_layers_tried") or [0]) + 1  # "not solved by any depth tried"
+        common = sorted(set(a5["path"]) & set(a5["rope"]))
+        claims["a5_path_needs_no_more_layers_than_rope"] = bool(common) and all(
+            (a5["path"][k] or never) <= (a5["rope"][k] or never) for k in common)
+    return claims
+
+
+# ------------------------------------------------------------------------------------------------- figure
+
+
+def plot_state_tracking(data: Mapping):
+    """Three panels: flip-flop read errors (ours as bars, the paper's as black ticks), A5 minimum layers per
+    length, MQRAR-N accuracy per N. Returns the Figure."""
+    from pathlab.plotting import setup
+
+    plt = setup()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    floor = 1e-4  # percent; zero errors are drawn at the floor
+
+    ax = axes[0]
+    rows = data.get("flipflop", [])
+    width = 0.8 / max(len(SPLITS), 1)
+    for j, split in enumerate(SPLITS):
+        xs = [i + (j - 1) * width for i in range(len(rows))]
+        ours = [max(r[f"{split}_percent"], floor) for r in rows]
+        ax.bar(xs, ours, width=width * 0.95, label=split.replace("_", "-"), color=f"C{j}")
+        for x, r in zip(xs, rows):
+            paper = r[f"paper_{split}_percent"]
+            if paper is not None:
+                ax.plot([x - width / 2, x + width / 2], [max(paper, floor)] * 2, color="k", lw=1.5)
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, 100)
+    ax.set_xticks(range(len(rows)), [_label(r["attention"]) for r in rows])
+    ax.set_ylabel("read error (%)")
+    ax.set_title("flip-flop (bars: ours; black ticks: PaTH paper)")
+    ax.legend(loc="upper right")
+
+    ax = axes[1]
+    table = data.get("a5_min_layers", {})
+    tried = data.get("a5_layers_tried") or [1]
+    never = max(tried) + 1
+    for i, (att, by_len) in enumerate(table.items()):
+        ks = sorted(int(k) for k in by_len)
+        ys = [by_len[k] if by_len.get(k) is not None else never for k in ks]
+        ax.plot(ks, [y + 0.04 * (i - 1.5) for y in ys], marker="o", label=_label(att))
+    ax.axhline(never - 0.5, color="grey", lw=0.8, ls=":")
+    ax.set_yticks(list(range(1, never + 1)), [str(n) for n in range(1, never)] + [f">{never - 1}"])
+    ax.set_xlabel("sequence length k")
+    ax.set_ylabel(f"min layers (seq. acc. > {data.get('a5_solved_at', 0.9):.0%})")
+    ax.set_title("A5 word problem")
+    ax.legend()
+
+    ax = axes[2]
+    for att, by_n in data.get("mqrar_accuracy", {}).items():
+        ns = sorted(int(n) for n in by_n)
+        ax.plot(ns, [100 * by_n[n] for n in ns], marker="o", label=_label(att))
+    ax.set_xlabel("N (N-th most recent assignment)")
+    ax.set_ylabel("answer accuracy (%)")
+    ax.set_ylim(0, 101)
+    ax.set_xticks([1, 2, 3, 4])
+    ax.set_title("MQRAR-N")
+    ax.legend()
+    return fig
