@@ -1,5 +1,6 @@
 """Streamed logits and their accumulators against the fp64 reference (T×T) at small T, for every variant."""
 
+import itertools
 import math
 
 import numpy as np
@@ -32,17 +33,17 @@ def test_streamed_logits_match_reference(name):
     with torch.no_grad():
         _, ref_logits, _ = module.reference(q, k, v, x=x, idx=idx)  # [B, H, T, T]
         T = q.shape[1]
-        positions = torch.tensor([T - 1, 5, 0, 20])
-        for b in range(q.shape[0]):
+        cases = [(torch.tensor([T - 1, 5, 0, 20]), 64), (torch.tensor([T - 1, 30, 33, 29]), 8),
+                 (torch.tensor([T - 1, 30, 33, 29]), 64)]
+        for (positions, ut_chunk), b in itertools.product(cases, range(q.shape[0])):
             layer = scores.prepare_layer(module, q, k, v, x, idx, b)
             got = torch.full((4, q.shape[2], T), -math.inf, dtype=torch.float64)
-            for j0, s, raw in scores.iter_logit_chunks(layer, positions, chunk=10):
+            for j0, s, raw in scores.iter_logit_chunks(layer, positions, chunk=10, ut_chunk=ut_chunk):
                 got[:, :, j0:j0 + s.shape[-1]] = s
             want = ref_logits[b][:, positions].permute(1, 0, 2)  # [m, H, T]
-            mask = torch.arange(T)[None, :] <= positions[:, None]
-            assert torch.isneginf(got[~mask[:, None, :].expand_as(got)]).all()
-            torch.testing.assert_close(got[mask[:, None, :].expand_as(got)], want[mask[:, None, :].expand_as(want)],
-                                       rtol=1e-9, atol=1e-9)
+            mask = (torch.arange(T)[None, :] <= positions[:, None])[:, None, :].expand_as(got)
+            assert torch.isneginf(got[~mask]).all()
+            torch.testing.assert_close(got[mask], want[mask], rtol=1e-9, atol=1e-9)
 
 
 def _brute(module, name, q, k, v, x, idx, positions, W):

@@ -112,10 +112,11 @@ def prepare_layer(module, q, k, v, x, idx, b: int, memo: dict | None = None) -> 
     raise ValueError(f"no streamed logits for attention module {type(module).__name__}")
 
 
-def iter_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int = 1024):
+def iter_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int = 1024, ut_chunk: int = 64):
     """Yield ``(j0, logits [m, H, C], raw [m, H, C] or None)`` for keys j0 … j0 + C − 1, fp64, −inf where j > i.
 
     ``positions [m]``: sampled query positions. ``raw`` is the logit without rotation (rotation models only).
+    ``ut_chunk``: PaTH's UT chunk size left of the earliest query.
     """
     positions = positions.to(torch.long)
     last = int(positions.max()) + 1
@@ -137,25 +138,64 @@ def iter_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int 
                 raw = torch.einsum("mhd,chd->mhc", q0, layer.k_raw[j0:j1]) * layer.scale
             yield j0, s, raw
         return
-    # PaTH: carry the queries leftwards, u ← H_j u after using key j (H symmetric), starting at u = q_i.
+    yield from _path_logit_chunks(layer, positions, chunk, ut_chunk)
+
+
+def _path_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int, ut_chunk: int = 64):
+    """PaTH logits of sampled queries, right to left.
+
+    Keys at or after the earliest query: carry the queries one key at a time, u ← H_j u after using key j (H is
+    symmetric), starting at u = q_i. Keys before it: all queries are carried, so whole chunks of C keys use the UT
+    form (SPEC §8): with rows W, D = diag(β), A = (I + strictLower(D W Wᵀ))⁻¹ and U = A D W,
+    the chunk's keys carried to its right edge are K̃ = K − (A D strictLower(W Kᵀ))ᵀ W, the logits are u·K̃, and
+    the queries cross the chunk as u ← u − (u Wᵀ) U.
+    """
+    last = int(positions.max()) + 1
+    first = int(positions.min())
     m, H, D = positions.shape[0], layer.q.shape[1], layer.q.shape[2]
     u = torch.zeros(m, H, D, dtype=F64)
     started = torch.zeros(m, dtype=torch.bool)
-    for c_end in range(last, 0, -chunk):
-        c_start = max(0, c_end - chunk)
+    neg_inf = torch.tensor(-math.inf, dtype=F64)
+    starts = {int(t): (positions == t) for t in positions.unique()}
+
+    def gated(cols, c_start, c_end):
+        if layer.gate_sum is None:
+            return cols
+        return cols + layer.gate_sum[positions][:, :, None] - layer.gate_sum[c_start:c_end].T[None]
+
+    for c_end in range(last, first, -chunk):  # sequential region [first, last)
+        c_start = max(first, c_end - chunk)
         cols = torch.full((m, H, c_end - c_start), -math.inf, dtype=F64)
         for t in range(c_end - 1, c_start - 1, -1):
-            new = positions == t
-            if new.any():
-                u[new] = layer.q[t]
-                started |= new
-            cols[:, :, t - c_start] = torch.where(started[:, None], (u * layer.k[t]).sum(-1) * layer.scale,
-                                                  torch.tensor(-math.inf, dtype=F64))
+            if t in starts:
+                u[starts[t]] = layer.q[t]
+                started |= starts[t]
+            cols[:, :, t - c_start] = torch.where(started[:, None], (u * layer.k[t]).sum(-1) * layer.scale, neg_inf)
             wt = layer.w[t]  # [H, D]
             u = u - (layer.beta[t][None, :, None] * (u * wt).sum(-1, keepdim=True)) * wt
-        if layer.gate_sum is not None:
-            cols = cols + layer.gate_sum[positions][:, :, None] - layer.gate_sum[c_start:c_end].T[None]
-        yield c_start, cols, None
+        yield c_start, gated(cols, c_start, c_end), None
+
+    pending, pending_start = [], first
+    for c_end in range(first, 0, -ut_chunk):  # UT region [0, first): every query is already carried
+        c_start = max(0, c_end - ut_chunk)
+        W = layer.w[c_start:c_end].transpose(0, 1)  # [H, C, D]
+        K = layer.k[c_start:c_end].transpose(0, 1)
+        beta = layer.beta[c_start:c_end].T[:, :, None]  # [H, C, 1]
+        C = W.shape[1]
+        eye = torch.eye(C, dtype=F64)
+        strict = torch.tril(torch.ones(C, C, dtype=torch.bool), diagonal=-1)
+        lower = eye + torch.where(strict, beta * (W @ W.transpose(1, 2)), torch.zeros((), dtype=F64))
+        X = torch.where(strict, W @ K.transpose(1, 2), torch.zeros((), dtype=F64))  # X[s, r] = w_s·k_r, s > r
+        M = torch.linalg.solve_triangular(lower, beta * X, upper=False, unitriangular=True)  # A D X
+        K_carried = K - M.transpose(1, 2) @ W  # [H, C, D]
+        U = torch.linalg.solve_triangular(lower, beta * W, upper=False, unitriangular=True)  # A D W
+        pending.insert(0, torch.einsum("mhd,hcd->mhc", u, K_carried) * layer.scale)
+        u = u - torch.einsum("mhc,hcd->mhd", torch.einsum("mhd,hcd->mhc", u, W), U)
+        pending_start = c_start
+        if sum(p.shape[-1] for p in pending) >= chunk or c_start == 0:
+            block = torch.cat(pending, dim=-1)
+            yield pending_start, gated(block, pending_start, pending_start + block.shape[-1]), None
+            pending = []
 
 
 # ----------------------------------------------------------------------------------------------------------------
