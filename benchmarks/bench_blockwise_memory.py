@@ -1,0 +1,77 @@
+"""Peak memory of one forward+backward of the blockwise PyTorch PaTH on the CPU, against a T×T matrix.
+
+    python benchmarks/bench_blockwise_memory.py --T 16384 --H 2 --D 64 --out benchmarks/results/blockwise-memory-cpu.json
+
+Peak resident memory is read from the kernel (VmHWM, reset through /proc/self/clear_refs just before the
+timed region), so it counts every allocation of the process, not only PyTorch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+
+import pathlab
+from pathlab.testing import random_path_inputs
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=16384)
+    parser.add_argument("--H", type=int, default=2)
+    parser.add_argument("--D", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=128)
+    parser.add_argument("--gate", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    inputs = random_path_inputs(1, args.T, args.H, args.D, beta_range=(0.05, 1.95), gate=args.gate,
+                                requires_grad=True)
+    inputs = [t for t in inputs]
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS counter
+    base = _status_kib("VmRSS")
+    start = time.perf_counter()
+    out = pathlab.path_attention(*inputs, backend="torch", chunk_size=args.chunk)
+    out.square().mean().backward()
+    seconds = time.perf_counter() - start
+    peak = _status_kib("VmHWM")
+    finite = all(bool(torch.isfinite(t.grad).all()) for t in inputs if t is not None)
+    extra_mib = (peak - base) / 1024
+    txt_mib = args.T * args.T * 4 * args.H / 2**20
+    result = {
+        "what": "blockwise PyTorch PaTH forward+backward on the CPU",
+        "shape": {"B": 1, "T": args.T, "H": args.H, "D": args.D, "chunk": args.chunk, "gate": args.gate},
+        "peak_extra_MiB": round(extra_mib, 1),
+        "one_TxT_fp32_matrix_per_head_MiB": round(txt_mib, 1),
+        "inputs_MiB": round(sum(t.numel() * 4 for t in inputs if t is not None) / 2**20, 1),
+        "seconds": round(seconds, 1),
+        "grads_finite": finite,
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()
