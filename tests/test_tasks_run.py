@@ -119,3 +119,22 @@ def test_cli_run_and_errors(tmp_path, capsys):
     assert "unknown setting 'depth'" in capsys.readouterr().err
     assert main(["tasks", "settings", "flipflop", "--profile", "h200"]) == 0
     assert json.loads(capsys.readouterr().out)["n_embd"] == 64
+
+
+def test_suite_falls_back_to_blockwise_path_when_the_kernel_fails(monkeypatch):
+    from pathlab.tasks import suite
+
+    calls = []
+
+    def flaky(task, attention, *, overrides=None, **kw):
+        backend = (overrides or {}).get("attention_kwargs", {}).get("backend")
+        calls.append(backend)
+        if backend != "torch":
+            raise RuntimeError("kernel exploded")
+        return {"summary": {}, "settings": overrides}
+
+    monkeypatch.setattr(suite, "run_task", flaky)
+    rec = suite._job("mqrar", "path", "tiny-cpu", {}, {"n_back": 2})
+    assert calls == [None, "torch"] and "kernel exploded" in rec["fallback"]
+    with pytest.raises(RuntimeError):
+        suite._job("mqrar", "rope", "tiny-cpu", {}, {"n_back": 2})  # no fallback for other variants

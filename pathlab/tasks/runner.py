@@ -3,9 +3,11 @@
 The model is the library's GPT (``pathlab.build_model``) with the chosen positional variant; the tasks are tagging
 problems on its next-token head (targets aligned with the inputs, -1 where no loss is taken). Training draws fresh
 seeded batches (no fixed training set, so no overfitting to memorise), uses AdamW with a linear warmup and a cosine
-decay to ``min_lr_ratio * lr``, and stops at ``steps``, at ``max_seconds`` or when the quick evaluation of the
-task's primary metric reaches ``stop_at``. When a time budget is set, the schedule follows the larger of the step
-fraction and the time fraction, so a time-bounded run still ends its decay.
+decay to ``min_lr_ratio * lr``, and stops at ``steps``, after ``max_seconds`` of training steps (the first step,
+which compiles, and the evaluations are not counted) or when the quick evaluation of the task's primary metric
+reaches ``stop_at``. With a time budget the schedule follows the larger of the step fraction and the time
+fraction, so a time-bounded run still ends its decay. ``precision``: fp32, tf32 (fp32 with TF32 matmuls, set
+process-wide) or bf16 (autocast).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     spec = get_task(task)
     s = resolve_settings(task, profile=profile, overrides=overrides)
     device = resolve_device(s["device"])
+    if s["precision"] == "tf32":
+        torch.set_float32_matmul_precision("high")  # process-wide: fp32 matmuls on TF32 tensor cores
     torch.manual_seed(s["seed"])
     model = build_task_model(task, attention, s).to(device)
     model.train()
@@ -117,7 +121,9 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
 
     history: list[dict] = []
     split, metric = spec.primary
-    stopped, t0, step, loss_ema = "steps", time.perf_counter(), 0, None
+    # `train_time` counts the training steps only: not the first step (compilation, autotuning) and not the
+    # evaluations, so a time budget buys the same work whatever the warm-up costs
+    stopped, t0, step, train_time = "steps", time.perf_counter(), 0, 0.0
     chunk: list = []
     bar = None
     if progress:
@@ -126,13 +132,13 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
         bar = tqdm(total=s["steps"], desc=f"{task}/{attention}", leave=False, dynamic_ncols=True)
     try:
         while step < s["steps"]:
-            elapsed = time.perf_counter() - t0
-            if s["max_seconds"] is not None and elapsed >= s["max_seconds"]:
+            if s["max_seconds"] is not None and train_time >= s["max_seconds"]:
                 stopped = "time"
                 break
             frac = step / s["steps"]
             if s["max_seconds"] is not None:
-                frac = max(frac, elapsed / s["max_seconds"])
+                frac = max(frac, train_time / s["max_seconds"])
+            t_step = time.perf_counter()
             lr = learning_rate(s, step, frac)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -149,26 +155,27 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
             opt.step()
             step += 1
             if step % s["eval_every"] == 0 or step == s["steps"]:
-                value = loss.item()
+                value = loss.item()  # synchronises, so the step time below is complete
+                if step > 1:
+                    train_time += time.perf_counter() - t_step
                 if not math.isfinite(value):
                     stopped = "diverged"
                     break
-                loss_ema = value if loss_ema is None else 0.7 * loss_ema + 0.3 * value
                 quick = evaluate_model(model, task, s, quick=True, device=device)
-                history.append({"step": step, "seconds": round(time.perf_counter() - t0, 3), "lr": lr,
+                history.append({"step": step, "train_seconds": round(train_time, 3), "lr": lr,
                                 "train_loss": value, metric: quick[split][metric]})
                 if bar is not None:
                     bar.set_postfix(loss=f"{value:.4f}", **{metric: f"{quick[split][metric]:.4f}"})
                 if s["stop_at"] is not None and quick[split][metric] >= s["stop_at"]:
                     stopped = "target"
                     break
+            elif step > 1:
+                train_time += time.perf_counter() - t_step
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    train_seconds = time.perf_counter() - t0
-
     metrics = evaluate_model(model, task, s, device=device)
     record = {
         "task": task,
@@ -179,8 +186,8 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
         "metrics": metrics,
         "steps": step,
         "stopped": stopped,
-        "train_seconds": round(train_seconds, 2),
-        "eval_seconds": round(time.perf_counter() - t0 - train_seconds, 2),
+        "train_seconds": round(train_time, 2),
+        "wall_seconds": round(time.perf_counter() - t0, 2),
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "history": history,

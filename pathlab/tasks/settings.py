@@ -31,7 +31,7 @@ COMMON: dict[str, Any] = dict(
     seed=0, device="auto", precision="fp32",
 )
 TYPES = {"max_seconds": float, "stop_at": float}
-CHOICES = {"device": ("auto", "cpu", "cuda"), "precision": ("fp32", "bf16"),
+CHOICES = {"device": ("auto", "cpu", "cuda"), "precision": ("fp32", "tf32", "bf16"),
            "loss": ("clean", "full"), "variant": ("tagging", "identity")}
 
 

@@ -87,7 +87,7 @@ def _a5_generate(s: dict, n: int, seed):
 
 
 def _a5_eval(s: dict, quick: bool):
-    n = min(s["n_eval"], s["eval_batch_size"] * 4) if quick else s["n_eval"]
+    n = min(s["n_eval"], s["eval_batch_size"]) if quick else s["n_eval"]
     return {"test": _a5_generate(s, n, [s["seed"], 1])}
 
 
