@@ -29,6 +29,26 @@ def _num_sms(device) -> int:
     return 2
 
 
+def _launch_config(kind: str, D: int, DV: int):
+    """(num_warps, num_stages, programs per SM) of the forward ("fwd") or backward ("bwd") kernel.
+
+    Defaults were picked on an H200; ``PATHLAB_PATH_FWD="warps,stages"`` and
+    ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm"`` override them (used by the benchmark's ``--tune``).
+    """
+    import os
+
+    big = max(D, DV) >= 128
+    if kind == "fwd":
+        default = (8 if big else 4, 2 if big else 3, 0)
+    else:
+        default = (8 if big else 4, 1, 2)
+    env = os.environ.get("PATHLAB_PATH_FWD" if kind == "fwd" else "PATHLAB_PATH_BWD")
+    if not env:
+        return default
+    parts = [int(x) for x in env.split(",")]
+    return tuple(parts + list(default[len(parts):]))
+
+
 def _lowp(dtype):
     """Dtype of the carried states, k̃, W and U inside the scan: fp16 for half inputs (bf16's 8-bit mantissa
     is too coarse for the low-rank factors; the public kernel's NaN fixes made the same choice), fp32 else."""
@@ -37,7 +57,7 @@ def _lowp(dtype):
 
 class _PathScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, qs, ks, v, w, u, sd, gl, go, layout, scale, programs, num_warps):
+    def forward(ctx, qs, ks, v, w, u, sd, gl, go, layout, scale, programs):
         from ._triton_path import _path_bwd_kernel, _path_fwd_kernel  # noqa: F401  (import checks triton)
 
         H, NC, BT, D = qs.shape
@@ -48,15 +68,17 @@ class _PathScan(torch.autograd.Function):
         o = torch.full((H, NC, BT, DV), float("nan"), dtype=v.dtype, device=v.device)
         lse = torch.full((H, NC, BT), float("nan"), dtype=torch.float32, device=v.device)
         has_gate = gl is not None
+        num_warps, num_stages, _ = _launch_config("fwd", D, DV)
         gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
         go_ = go.contiguous() if has_gate else qs
         _path_fwd_kernel[(NC, H)](
             qs, ks_l, v, w_l, u_l, sd, gl_, go_, o, lse, layout.chunk_first, layout.chunk_index,
             NC, scale * LOG2E,
-            GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, num_warps=num_warps,
+            GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+            num_warps=num_warps, num_stages=num_stages,
         )
         ctx.save_for_backward(qs, ks_l, v, w_l, u_l, sd, gl, go, o, lse)
-        ctx.layout, ctx.scale, ctx.programs, ctx.num_warps = layout, scale, programs, num_warps
+        ctx.layout, ctx.scale, ctx.programs = layout, scale, programs
         return o
 
     @staticmethod
@@ -82,7 +104,9 @@ class _PathScan(torch.autograd.Function):
         has_gate = gl is not None
         dg = torch.zeros((H, NC, BT), **f32) if has_gate else dqs
         n_items = NC * H
-        programs = max(1, min(n_items, ctx.programs))
+        num_warps, num_stages, per_sm = _launch_config("bwd", D, DV)
+        programs = ctx.programs if ctx.programs is not None else per_sm * _num_sms(dev)
+        programs = max(1, min(n_items, programs))
         scratch = torch.empty((programs, layout.max_chunks, BT, D), dtype=lowp, device=dev)
         _path_bwd_kernel[(programs,)](
             qs, ks_l, v, w_l, u_l, sd, gl if has_gate else qs, go if has_gate else qs, do, lse, delta,
@@ -90,13 +114,13 @@ class _PathScan(torch.autograd.Function):
             layout.chunk_first, layout.chunk_index, layout.order,
             NC, H, n_items, layout.max_chunks, scale, scale * LOG2E,
             GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-            PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=ctx.num_warps,
+            PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
         )
         dgl = dgo = None
         if has_gate:
             dgl = dg
             dgo = dg.sum(-1).to(torch.float64)  # G_i = offset[chunk] + G_local[i]
-        return dqs, dks, dv.to(v.dtype), dw, du, dsd, dgl, dgo, None, None, None, None
+        return dqs, dks, dv.to(v.dtype), dw, du, dsd, dgl, dgo, None, None, None
 
 
 def _check(q, k, v, w, beta, g, cu_seqlens):
@@ -146,7 +170,7 @@ def _interpreting() -> bool:
 
 
 def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, block_size=None,
-                          programs=None, num_warps=None):
+                          programs=None):
     """PaTH (PaTH-FoX with ``g``) attention by the Triton kernel, differentiable in every input.
 
     Args:
@@ -159,7 +183,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         scale: logit scale, default 1/√D; the gate is not scaled.
         cu_seqlens: int32 ``[N + 1]`` boundaries of packed sequences (FlashAttention's convention; B == 1).
         block_size: chunk length BT (default 64; small values such as 16 exercise the chunking in tests).
-        programs: persistent programs of the backward (default 2 per SM); sets the scratch size.
+        programs: persistent programs of the backward (default: a few per SM); the scratch is
+            programs × (longest sequence) × D.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
@@ -175,10 +200,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     if T == 0:
         return q.new_zeros(B, 0, H, v.shape[3])
     layout = build_layout(B, T, BT, q.device, cu_seqlens)
-    if programs is None:
-        programs = 2 * _num_sms(q.device)
-    if num_warps is None:
-        num_warps = 8 if max(D, v.shape[3]) >= 128 else 4
+    if programs is not None and (not isinstance(programs, int) or programs < 1):
+        raise ValueError(f"programs must be a positive int or None, got {programs!r}")
     f32 = torch.float32
     wn = torch.nn.functional.normalize(w.to(f32), dim=-1)
     qc = to_chunks(q.to(f32), layout)
@@ -188,5 +211,5 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)
-    o = _PathScan.apply(qs, ks, vc, wc, u, sd, gl, go, layout, scale, programs, num_warps)
+    o = _PathScan.apply(qs, ks, vc, wc, u, sd, gl, go, layout, scale, programs)
     return from_chunks(o, layout).to(q.dtype)

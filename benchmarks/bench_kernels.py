@@ -1,0 +1,359 @@
+"""Benchmark the Triton PaTH kernel against SDPA, FlexAttention(ALiBi) and, when importable, the public fla kernels.
+
+Times are medians of ``triton.testing.do_bench`` in ms (bf16, causal, B·T = 32768 tokens by default); peak is
+the extra memory (MiB) of one forward+backward beyond the inputs. Before timing, every PaTH implementation is
+checked against the fp64 reference (:func:`pathlab.reference.path_attention`) on a small slice of the same
+head shape: relative RMS error of o and of every gradient goes into the result file.
+
+    python benchmarks/bench_kernels.py --out benchmarks/results/kernels-h200.json
+    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,sdpa --decode 4096,65536
+
+Needs a CUDA device. The result file is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CASES = "1024x12x64,4096x12x64,16384x12x64,65536x12x64,1024x16x128,4096x16x128,16384x16x128,65536x16x128"
+METHODS = ("path", "path_fox", "sdpa", "flex_alibi", "fla_path", "fla_path_fox", "fla_fox")
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def make_inputs(B, T, H, D, *, device, dtype=torch.bfloat16, seed=0, beta_range=(0.0, 2.0)):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    q, k, v = (r(B, T, H, D).to(dtype) for _ in range(3))
+    w = F.normalize(r(B, T, H, D), dim=-1)
+    lo, hi = beta_range
+    beta = lo + (hi - lo) * torch.rand(B, T, H, device=device, generator=gen)
+    g = F.logsigmoid(2.0 + r(B, T, H))  # forget gates near 0.9
+    return q, k, v, w, beta, g
+
+
+def _fla():
+    try:
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+        from fla.ops.path_attn import parallel_path_attn
+    except Exception as err:  # noqa: BLE001  (fla is optional; any import failure means "not available")
+        return None, repr(err)
+    return (parallel_path_attn, parallel_forgetting_attn), None
+
+
+def build_method(name, q, k, v, w, beta, g):
+    """A closure computing o (and its inputs that need grads) for method ``name``; None if unavailable."""
+    import pathlab
+
+    if name in ("path", "path_fox"):
+        gate = g if name == "path_fox" else None
+        return lambda: pathlab.path_attention(q, k, v, w, beta, gate, backend="triton")
+    if name == "sdpa":
+        qt, kt, vt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v))
+        return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    if name == "flex_alibi":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        H, T = q.shape[2], q.shape[1]
+        slopes = pathlab.alibi_slopes(H).to(q.device, torch.float32)
+
+        def alibi(score, b, h, qi, kj):
+            return score - slopes[h] * (qi - kj)
+
+        def causal(b, h, qi, kj):
+            return qi >= kj
+
+        mask = create_block_mask(causal, None, None, T, T, device=q.device)
+        flex = torch.compile(flex_attention, dynamic=False)
+        qt, kt, vt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v))
+        return lambda: flex(qt, kt, vt, score_mod=alibi, block_mask=mask)
+    fns, _ = _fla()
+    if fns is None:
+        return None
+    fla_path, fla_fox = fns
+    if name == "fla_path":
+        return lambda: fla_path(q, k, v, w, beta, None)[0]
+    if name == "fla_path_fox":  # fla computes scale·(s + G_i − G_j): pass g/scale for FoX's scale·s + G_i − G_j
+        inv = q.shape[-1] ** 0.5
+        return lambda: fla_path(q, k, v, w, beta, g * inv)[0]
+    if name == "fla_fox":
+        return lambda: fla_fox(q, k, v, g)  # plain FoX (no PaTH): a speed anchor, not checked
+    raise ValueError(f"unknown method {name!r}; known: {METHODS}")
+
+
+def check_correctness(name, H, D, device, T=256):
+    """Relative RMS errors of o and every gradient against the fp64 reference (B=1, T=256, β ∈ [1.5, 2])."""
+    from pathlab.reference import path_attention as reference
+
+    if name not in ("path", "path_fox", "fla_path", "fla_path_fox"):
+        return None
+    q, k, v, w, beta, g = make_inputs(1, T, H, D, device=device, seed=1, beta_range=(1.5, 2.0))
+    gate = g if name.endswith("fox") else None
+    leaves = [q, k, v, w, beta] + ([gate] if gate is not None else [])
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    fn = build_method(name, *leaves[:5], leaves[5] if gate is not None else g)
+    if fn is None:
+        return None
+    o = fn()
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, leaves, do)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    o_ref = reference(*ref_leaves[:5], ref_leaves[5] if gate is not None else None)
+    ref_grads = torch.autograd.grad(o_ref, ref_leaves, do.double())
+    names = ["o", "dq", "dk", "dv", "dw", "dbeta"] + (["dg"] if gate is not None else [])
+    errs = [rel_rms(o, o_ref)] + [rel_rms(a, b) for a, b in zip(grads, ref_grads)]
+    return dict(zip(names, errs))
+
+
+def time_method(fn, leaves, *, backward=True):
+    from triton.testing import do_bench
+
+    out = fn()
+    do = torch.randn_like(out)
+    fwd = do_bench(lambda: fn(), warmup=25, rep=100)
+    if not backward:
+        return fwd, None, None
+
+    def fwd_bwd():
+        o = fn()
+        torch.autograd.grad(o, leaves, do)
+
+    fb = do_bench(fwd_bwd, warmup=25, rep=100)
+    del out
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    o = fn()
+    grads = torch.autograd.grad(o, leaves, torch.randn_like(o))
+    finite = bool(torch.isfinite(o).all()) and all(bool(torch.isfinite(x).all()) for x in grads)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return fwd, fb, (peak, finite)
+
+
+def bench_case(T, H, D, methods, device, tokens):
+    B = max(1, tokens // T)
+    rows = []
+    for name in methods:
+        q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
+        for t in (q, k, v, w, beta, g):
+            t.requires_grad_()
+        row = dict(method=name, T=T, B=B, H=H, D=D)
+        try:
+            fn = build_method(name, q, k, v, w, beta, g)
+            if fn is None:
+                row["skipped"] = _fla()[1]
+                rows.append(row)
+                continue
+            leaves = _leaves(fn, name, q, k, v, w, beta, g)
+            fwd, fb, (peak, finite) = time_method(fn, leaves)
+            row.update(fwd_ms=fwd, fwd_bwd_ms=fb, peak_mib=peak, finite=finite)
+        except torch.OutOfMemoryError as err:
+            row["error"] = f"out of memory: {str(err).splitlines()[0]}"
+        except Exception as err:  # noqa: BLE001  (record the failure, keep benchmarking the rest)
+            row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _leaves(fn, name, q, k, v, w, beta, g):
+    if name in ("sdpa", "flex_alibi"):
+        return _closure_tensors(fn)  # the closure owns [B, H, T, D] copies of q, k, v
+    if name in ("path", "fla_path"):
+        return [q, k, v, w, beta]
+    if name == "fla_fox":
+        return [q, k, v, g]
+    return [q, k, v, w, beta, g]
+
+
+def _closure_tensors(fn):
+    out = []
+    for cell in fn.__closure__ or ():
+        x = cell.cell_contents
+        if isinstance(x, torch.Tensor) and x.requires_grad and x.is_leaf:
+            out.append(x)
+    return out
+
+
+def bench_decode(lengths, H, D, device, steps=64):
+    """One decode step (B=1) at each cache length: PathDecodeCache.step against plain attention decoding."""
+    from triton.testing import do_bench
+
+    from pathlab.decoding import PathDecodeCache
+
+    rows = []
+    for L in lengths:
+        gen = torch.Generator(device=device).manual_seed(0)
+        r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+        cache = PathDecodeCache(1, H, L + steps + 8, D, D, device=device, value_dtype=torch.bfloat16)
+        cache_torch = PathDecodeCache(1, H, L + steps + 8, D, D, device=device, value_dtype=torch.bfloat16,
+                                      use_triton=False)
+        q, k, v = (r(1, L, H, D).to(torch.bfloat16) for _ in range(3))
+        w, beta = r(1, L, H, D), torch.rand(1, L, H, device=device) * 2
+        with torch.no_grad():
+            cache.prefill(q, k, v, w, beta)
+            cache_torch.prefill(q, k, v, w, beta)
+            q1, k1, v1 = (r(1, 1, H, D).to(torch.bfloat16) for _ in range(3))
+            w1, b1 = r(1, 1, H, D), torch.rand(1, 1, H, device=device) * 2
+            n0 = len(cache)
+
+            def path_step():
+                cache.length = n0  # time the same step repeatedly at a fixed cache length
+                cache.step(q1, k1, v1, w1, b1)
+
+            t_path = do_bench(path_step, warmup=10, rep=50)
+
+            def torch_step():
+                cache_torch.length = n0
+                cache_torch.step(q1, k1, v1, w1, b1)
+
+            t_torch = do_bench(torch_step, warmup=10, rep=50)
+            kc = r(1, H, L + 1, D).to(torch.bfloat16)
+            vc = r(1, H, L + 1, D).to(torch.bfloat16)
+            qd = q1.transpose(1, 2)
+
+            def plain_step():
+                kc[:, :, L:L + 1] = k1.transpose(1, 2)
+                vc[:, :, L:L + 1] = v1.transpose(1, 2)
+                F.scaled_dot_product_attention(qd, kc, vc)
+
+            t_plain = do_bench(plain_step, warmup=10, rep=50)
+        row = dict(method="decode", cache_len=L, H=H, D=D, path_step_ms=t_path, path_step_torch_ops_ms=t_torch,
+                   plain_step_ms=t_plain, fused=cache.use_triton,
+                   ratio=t_path / t_plain)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+TUNE_FWD = ["4,3", "8,2", "4,2", "8,3"]
+TUNE_BWD = ["4,1,2", "8,1,2", "8,1,4", "4,1,4", "8,2,2", "8,1,1"]
+
+
+def tune(cases, device, tokens):
+    """Forward and backward launch configurations of the PaTH kernel (PATHLAB_PATH_FWD / _BWD)."""
+    from triton.testing import do_bench
+
+    import pathlab
+
+    rows = []
+    for T, H, D in cases:
+        B = max(1, tokens // T)
+        q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
+        leaves = [t.requires_grad_() for t in (q, k, v, w, beta)]
+        fn = lambda: pathlab.path_attention(q, k, v, w, beta, backend="triton")  # noqa: E731
+        for cfg in TUNE_FWD:
+            os.environ["PATHLAB_PATH_FWD"] = cfg
+            try:
+                with torch.no_grad():
+                    t = do_bench(fn, warmup=25, rep=100)
+                row = dict(tune="fwd", config=cfg, T=T, H=H, D=D, ms=t)
+            except Exception as err:  # noqa: BLE001
+                row = dict(tune="fwd", config=cfg, T=T, H=H, D=D, error=f"{type(err).__name__}: {err}"[:200])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        os.environ.pop("PATHLAB_PATH_FWD")
+        o = fn()
+        do = torch.randn_like(o)
+        for cfg in TUNE_BWD:
+            os.environ["PATHLAB_PATH_BWD"] = cfg
+            try:
+                t = do_bench(lambda: torch.autograd.grad(fn(), leaves, do), warmup=25, rep=100)
+                row = dict(tune="fwd_bwd", config=cfg, T=T, H=H, D=D, ms=t)
+            except Exception as err:  # noqa: BLE001
+                row = dict(tune="fwd_bwd", config=cfg, T=T, H=H, D=D, error=f"{type(err).__name__}: {err}"[:200])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        os.environ.pop("PATHLAB_PATH_BWD")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma list of TxHxD")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--tokens", type=int, default=32768, help="B·T per case")
+    ap.add_argument("--decode", default="4096,16384,65536", help="cache lengths for the decode step ('' = none)")
+    ap.add_argument("--decode-shape", default="12x64", help="HxD of the decode benchmark")
+    ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
+    ap.add_argument("--out", default=None, help="JSON result file")
+    ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"unknown method {m!r}; known: {METHODS}")
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
+    result = dict(
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        device=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
+        fla=_fla()[1] or "importable", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        correctness={}, cases=[], decode=[],
+        notes="fla_path_fox gets g/scale (fla scales the gate); peak_mib = extra memory of one fwd+bwd",
+    )
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if args.tune:
+        tune_cases = [tuple(int(x) for x in c.split("x")) for c in args.tune.split(",") if c]
+        result["tune"] = tune(tune_cases, device, args.tokens)
+        _write(args.out, result)
+    for H, D in sorted({(c[1], c[2]) for c in cases}):
+        for m in [x for x in args.check.split(",") if x in methods]:
+            try:
+                errs = check_correctness(m, H, D, device)
+            except Exception as err:  # noqa: BLE001
+                errs = {"error": f"{type(err).__name__}: {err}"}
+            if errs is not None:
+                result["correctness"][f"{m}-{H}x{D}"] = errs
+                print(m, H, D, json.dumps(errs), flush=True)
+    for T, H, D in cases:
+        result["cases"].extend(bench_case(T, H, D, methods, device, args.tokens))
+        _write(args.out, result)
+    if args.decode:
+        H, D = (int(x) for x in args.decode_shape.split("x"))
+        try:
+            result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device)
+        except Exception as err:  # noqa: BLE001
+            result["decode"] = [{"error": f"{type(err).__name__}: {err}"}]
+            print(result["decode"], flush=True)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _write(args.out, result)
+    return 0
+
+
+def _write(path, result):
+    if not path:
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
