@@ -13,6 +13,7 @@ backward is O(T·D) per head for the chunk factors and gradients, plus the persi
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -115,6 +116,7 @@ class _PathScan(torch.autograd.Function):
             NC, H, n_items, layout.max_chunks, scale, scale * LOG2E,
             GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
             PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+            NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         )
         dgl = dgo = None
         if has_gate:
