@@ -4,8 +4,9 @@
     >>> folder = prepare("debian")            # offline: Debian packages -> GPT-2 tokens (about a minute)
     >>> val = load_tokens("debian", "val")    # np.memmap of uint16 token ids
 
-Corpora: ``debian`` (offline default, :mod:`pathlab.data.debian`) and ``openwebtext`` (needs network,
-:mod:`pathlab.data.openwebtext`). Folders live under ``$PATHLAB_DATA`` or else ``data_cache/`` in the repository
+Corpora: ``debian`` (offline default, :mod:`pathlab.data.debian`, GPT-2 tokens), ``debian-bpe4k`` (the same
+text with a 4096-token BPE trained on its training split, for CPU-sized models) and ``openwebtext`` (needs
+network, :mod:`pathlab.data.openwebtext`). Folders live under ``$PATHLAB_DATA`` or else ``data_cache/`` in the repository
 root. Preparing again is a no-op when ``meta.json`` records the same recipe and every file matches its SHA-256.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import debian, openwebtext
-from .tokenizer import get_tokenizer
+from .tokenizer import get_tokenizer, load_bpe, save_bpe, train_bpe
 from .tokens import (
     FORMAT,
     META,
@@ -30,11 +31,19 @@ from .tokens import (
     SplitWriter,
     atomic_write_json,
     check_files,
+    file_sha256,
     open_split,
     read_meta,
 )
 
-CORPORA = {"debian": debian.recipe, "openwebtext": openwebtext.recipe}
+CORPORA = {
+    "debian": debian.recipe,
+    "debian-bpe4k": lambda: {**debian.recipe(), "corpus": "debian-bpe4k", "tokenizer": "bpe4096",
+                             "bpe_training_chars": BPE_TRAINING_CHARS},
+    "openwebtext": openwebtext.recipe,
+}
+BPE_TRAINING_CHARS = 12_000_000  # the BPE of "debian-bpe4k" is trained on this much training text (seeded sample)
+TOKENIZER_FILE = "tokenizer.tiktoken"
 
 
 def data_root() -> Path:
@@ -66,6 +75,13 @@ def corpus_meta(name_or_dir: str | Path) -> dict:
         name = str(name_or_dir)
         hint = f"run `pathlab data prepare {name}`" if name in CORPORA else "prepare it again"
         raise CorpusError(f"{err} ({hint})") from None
+
+
+def corpus_tokenizer(name_or_dir: str | Path):
+    """The tokenizer (a ``tiktoken.Encoding``) a prepared corpus was made with."""
+    folder = corpus_dir(name_or_dir)
+    info = corpus_meta(name_or_dir)["tokenizer"]
+    return get_tokenizer(info["name"], folder / info["file"] if info.get("file") else None)
 
 
 def load_tokens(name_or_dir: str | Path, split: str) -> np.memmap:
@@ -122,8 +138,14 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
         (folder / META).unlink()  # from here on the folder is "unfinished" until the new meta.json lands
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = get_tokenizer("gpt2")
-    if name == "debian":
-        splits, sources = _build_debian(folder, tokenizer, progress, Path(options.get("debs") or folder / "debs"))
+    tokenizer_info = {"name": "gpt2", "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token}
+    if name.startswith("debian"):
+        debs = Path(options.get("debs") or data_root() / "debian" / "debs")
+        bpe = name == "debian-bpe4k"
+        splits, sources, tokenizer = _build_debian(folder, tokenizer, progress, debs, bpe_vocab=4096 if bpe else None)
+        if bpe:
+            tokenizer_info = {"name": tokenizer.name, "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token,
+                              "file": TOKENIZER_FILE, "sha256": file_sha256(folder / TOKENIZER_FILE)}
     else:
         splits, sources = _build_openwebtext(
             folder, tokenizer, progress, Path(options.get("raw") or folder / "raw"),
@@ -132,7 +154,7 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     meta = {
         "format": FORMAT,
         "name": name,
-        "tokenizer": {"name": "gpt2", "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token},
+        "tokenizer": tokenizer_info,
         "dtype": "uint16",
         "splits": splits,
         "sources": sources,
@@ -148,16 +170,31 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     return folder
 
 
-def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path):
+def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path, bpe_vocab: int | None = None):
     if progress:
         print(f"debian: packages in {debs}", flush=True)
     packages = debian.fetch_packages(debs, progress=progress)
     work = folder / "work"
+    collected = [(source, package, version, docs, debian.held_out(source.name, docs))
+                 for source, package, version, docs in debian.collect_documents(work, packages, progress=progress)]
+    shutil.rmtree(work, ignore_errors=True)
+    if bpe_vocab is not None:
+        train_texts = [t for _, _, _, docs, val_ids in collected for i, (_, t) in enumerate(docs) if i not in val_ids]
+        order = np.random.default_rng(debian.SPLIT_SEED).permutation(len(train_texts))
+        sample, chars = [], 0
+        for i in order:
+            if chars >= BPE_TRAINING_CHARS:
+                break
+            sample.append(train_texts[i])
+            chars += len(train_texts[i])
+        if progress:
+            print(f"  training a {bpe_vocab}-token BPE on {chars / 1e6:.1f} MB of training text", flush=True)
+        save_bpe(folder / TOKENIZER_FILE, train_bpe(sample, bpe_vocab))
+        tokenizer = load_bpe(folder / TOKENIZER_FILE, f"bpe{bpe_vocab}")
     eot = tokenizer.eot_token
     sources = []
     with SplitWriter(folder, "train", eot=eot) as train, SplitWriter(folder, "val", eot=eot) as val:
-        for source, package, version, docs in debian.collect_documents(work, packages, progress=progress):
-            val_ids = debian.held_out(source.name, docs)
+        for source, package, version, docs, val_ids in collected:
             counts = {"train": [0, 0], "val": [0, 0]}
             texts = (t for _, t in docs)
             encoded = _progress(_encode_batches(texts, tokenizer), progress, total=len(docs),
@@ -173,8 +210,7 @@ def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path):
                 "val_documents": counts["val"][0], "val_tokens": counts["val"][1],
                 "val_document_names": sorted(docs[i][0] for i in val_ids),
             })
-    shutil.rmtree(work, ignore_errors=True)
-    return {"train": train.info, "val": val.info}, sources
+    return {"train": train.info, "val": val.info}, sources, tokenizer
 
 
 def _build_openwebtext(folder: Path, tokenizer, progress: bool, raw: Path, n_shards: int):

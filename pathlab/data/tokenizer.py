@@ -91,8 +91,82 @@ def gpt2_tokenizer():
     )
 
 
-def get_tokenizer(name: str = "gpt2"):
-    """The tokenizer called ``name`` (only ``"gpt2"`` for now) as a ``tiktoken.Encoding``."""
-    if name != "gpt2":
-        raise ValueError(f"tokenizer: unknown name {name!r}; expected 'gpt2'")
-    return gpt2_tokenizer()
+def get_tokenizer(name: str = "gpt2", ranks_file: str | Path | None = None):
+    """The tokenizer called ``name`` as a ``tiktoken.Encoding``: ``"gpt2"``, or a BPE trained by
+    :func:`train_bpe` and stored in ``ranks_file`` (names ``"bpe<N>"``)."""
+    if name == "gpt2":
+        return gpt2_tokenizer()
+    if name.startswith("bpe") and ranks_file is not None:
+        return load_bpe(ranks_file, name)
+    raise ValueError(f"tokenizer: unknown name {name!r}; expected 'gpt2' or a trained 'bpe<N>' with its ranks file")
+
+
+# ----------------------------------------------------------------------------------- small trained BPE
+#
+# GPT-2's 50K vocabulary makes the output layer the dominant cost of a tiny CPU model (50304 x 128 weights and
+# a B*T*50304 logit tensor per step). For CPU-sized runs we train a byte-level BPE with the `tokenizers`
+# library on the corpus's training split and then *define* the tokenizer as the tiktoken encoding with those
+# merges (token rank = merge order, GPT-2's pre-tokenising regex, end-of-text = id 0): encoding is then as fast
+# as GPT-2's and the whole vocabulary is one small text file (base64 token + rank per line, tiktoken's format).
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's reversible byte -> printable character map (as used by byte-level BPE), inverted: char -> byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def train_bpe(texts, vocab_size: int) -> dict[bytes, int]:
+    """Train a byte-level BPE of ``vocab_size`` tokens (id 0 = end-of-text) on ``texts``; return its ranks."""
+    if not isinstance(vocab_size, int) or not 257 < vocab_size <= 65536:
+        raise ValueError(f"vocab_size: expected an integer in (257, 65536], got {vocab_size!r}")
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise RuntimeError("training a BPE needs the tokenizers package: `pip install -e .[data]`") from err
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    to_byte = _byte_level_alphabet()
+    ranks = {}
+    for token, rank in tok.get_vocab().items():
+        if token != "<|endoftext|>":
+            ranks[bytes(to_byte[c] for c in token)] = rank
+    return ranks
+
+
+def save_bpe(path: str | Path, ranks: dict[bytes, int]) -> None:
+    import base64
+
+    lines = [f"{base64.b64encode(tok).decode()} {rank}" for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def load_bpe(path: str | Path, name: str = "bpe"):
+    """The tiktoken encoding of a BPE saved by :func:`save_bpe` (end-of-text = the one id not in the file)."""
+    import base64
+
+    import tiktoken
+
+    ranks = {}
+    for line in Path(path).read_text().splitlines():
+        if line:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+    n_vocab = len(ranks) + 1
+    eot = sorted(set(range(n_vocab)) - set(ranks.values()))
+    if len(eot) != 1:
+        raise ValueError(f"{path}: ranks are not a permutation of 0..{n_vocab - 1} minus one end-of-text id")
+    return tiktoken.Encoding(name=name, pat_str=_GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": eot[0]}, explicit_n_vocab=n_vocab)

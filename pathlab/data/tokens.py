@@ -39,6 +39,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -97,6 +98,7 @@ class SplitWriter:
         docs_tmp = self.folder / f".{self.split}.docs.npy.tmp"
         with open(docs_tmp, "wb") as f:
             np.save(f, offsets)
+        os.chmod(self.tmp, 0o644)
         os.replace(self.tmp, self.folder / f"{self.split}.bin")
         os.replace(docs_tmp, self.folder / f"{self.split}.docs.npy")
         lengths = np.diff(offsets)
@@ -171,3 +173,22 @@ def open_split(folder: str | Path, split: str, *, meta: dict | None = None) -> n
 def document_offsets(folder: str | Path, split: str) -> np.ndarray:
     """int64 start offsets of the documents of ``split`` (length n_docs + 1)."""
     return np.load(Path(folder) / f"{split}.docs.npy")
+
+
+def write_corpus(folder: str | Path, name: str, documents: dict[str, list], tokenizer: dict, **extra) -> Path:
+    """Write a complete corpus folder from in-memory documents: ``{"train": [ids, ...], "val": [...]}``.
+
+    ``tokenizer`` is the ``meta.json`` tokenizer record (``name``, ``vocab_size``, ``eot``). Used for small
+    synthetic corpora (tests, examples); real corpora go through :func:`pathlab.data.corpus.prepare`.
+    """
+    folder = Path(folder)
+    splits = {}
+    for split in SPLITS:
+        with SplitWriter(folder, split, eot=tokenizer["eot"], vocab_size=tokenizer["vocab_size"]) as w:
+            for ids in documents.get(split, []):
+                w.add(ids)
+        splits[split] = w.info
+    meta = {"format": FORMAT, "name": name, "tokenizer": dict(tokenizer), "dtype": "uint16", "splits": splits,
+            "sources": [], **extra}
+    atomic_write_json(folder / META, meta)
+    return folder

@@ -1,0 +1,94 @@
+"""Process-group setup for ``torchrun``: the same training command runs on 1 process or N.
+
+Under ``torchrun --nproc_per_node N`` the environment carries ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; we
+initialise NCCL on CUDA and gloo on the CPU (which is how CI tests 2 processes). Without them everything is a
+no-op and the world has one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
+
+    def broadcast_object(self, obj):
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device: {name!r} requested but CUDA is not available; use train.device=cpu")
+    return device
+
+
+def setup(device_name: str = "auto") -> DistContext:
+    """Initialise the process group when launched by torchrun; return this process's context."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(device=resolve_device(device_name))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistContext, strategy: str = "ddp") -> torch.nn.Module:
+    """DistributedDataParallel (default) or FullyShardedDataParallel around ``model`` when world > 1."""
+    if not ctx.enabled:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP(model, device_id=ctx.device if ctx.device.type == "cuda" else None, use_orig_params=True)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)

@@ -1,0 +1,431 @@
+"""Language-model training: ``pathlab train --config NAME [--attention A] [--resume] [key=value ...]``.
+
+The library call behind it is :func:`train`. One iteration is nanoGPT's: ``grad_accum`` micro-batches (split over
+the processes under ``torchrun``), AdamW with decoupled weight decay on matrices only, a linear warm-up then a
+cosine decay of the learning rate
+
+    lr(it) = lr · (it + 1)/(warmup + 1)                                     for it < warmup
+    lr(it) = min_lr + ½ (1 + cos(π (it − warmup)/(decay − warmup))) (lr − min_lr)   up to decay, then min_lr,
+
+gradient clipping, bf16 autocast on CUDA and ``torch.compile`` where it helps. A run directory holds::
+
+    config.yaml    the resolved config          env.json      versions, device, world size, git revision
+    metrics.jsonl  one line per iteration (loss, lr, grad_norm, tokens_per_s) and per evaluation (val_loss)
+    ckpt.pt        model, optimiser, step, RNG states, sampler position (written atomically)
+    summary.json   final numbers (written when the run completes)
+
+``--resume`` continues a killed run from its checkpoint; on the CPU the resumed losses equal the uninterrupted
+run's exactly. A NaN/inf loss stops the run before the bad step is applied and leaves the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from pathlab import distributed
+from pathlab.checkpoint import CKPT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pathlab.data.batches import WindowSampler
+from pathlab.data.corpus import CORPORA, corpus_dir, corpus_meta, load_tokens, prepare
+from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
+from pathlab.model import ModelConfig, build_model
+from pathlab.run_config import config_diff, config_hash, repo_root, resolve_config
+
+# Keys that may differ between a run and its resumption (they do not change the trained numbers).
+RESUME_MAY_CHANGE = ("train.log_interval", "train.threads", "train.compile")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
+
+
+def runs_root() -> Path:
+    """``$PATHLAB_RUNS`` if set, else ``runs/`` in the repository root (or the working directory)."""
+    if os.environ.get("PATHLAB_RUNS"):
+        return Path(os.environ["PATHLAB_RUNS"]).expanduser()
+    return (repo_root() or Path.cwd()) / "runs"
+
+
+def default_run_dir(cfg: dict) -> Path:
+    return runs_root() / cfg["name"] / cfg["model"]["attention"]
+
+
+def learning_rate(it: int, optim: dict, max_iters: int) -> float:
+    """nanoGPT's schedule: linear warm-up, cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant."""
+    lr, min_lr, warmup = optim["lr"], optim["min_lr"], optim["warmup_iters"]
+    decay = optim["lr_decay_iters"] or max_iters
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it >= decay:
+        return min_lr
+    ratio = (it - warmup) / max(1, decay - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def make_optimizer(model: torch.nn.Module, optim: dict, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on parameters of 2+ dimensions (matrices, embeddings) and none on the rest."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    extra = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]), **extra)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def _clean_state_dict(state: dict) -> dict:
+    out = {}
+    for key, value in state.items():
+        for prefix in ("_orig_mod.", "module."):
+            key = key.replace(prefix, "")
+        out[key] = value
+    return out
+
+
+def _git_revision() -> str | None:
+    root = repo_root()
+    if root is None or not (root / ".git").exists():
+        return None
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment_info(ctx: distributed.DistContext) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "platform": platform.platform(), "device": str(ctx.device), "world_size": ctx.world_size,
+            "threads": torch.get_num_threads(), "git_revision": _git_revision()}
+    if ctx.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(ctx.device)
+        info["cuda"] = torch.version.cuda
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def _ensure_corpus(name: str, ctx: distributed.DistContext, progress: bool) -> Path:
+    """The corpus folder; a known corpus that was never prepared is prepared first (on rank 0)."""
+    folder = corpus_dir(name)
+    if name in CORPORA and not (folder / META).exists():
+        if ctx.is_main:
+            print(f"corpus {name!r} is not prepared yet: preparing it now (`pathlab data prepare {name}`)", flush=True)
+            prepare(name, progress=progress)
+        ctx.barrier()
+    return folder
+
+
+def _check_data(cfg: dict, meta: dict) -> None:
+    """Tokenizer, vocabulary and context checks between a config and its corpus."""
+    tok = meta["tokenizer"]
+    want = cfg["data"]["tokenizer"]
+    if want is not None and want != tok["name"]:
+        raise ValueError(
+            f"tokenizer mismatch: the config expects data.tokenizer={want!r} but corpus {cfg['data']['corpus']!r} "
+            f"was made with {tok['name']!r}; pick a corpus made with {want!r} or set data.tokenizer={tok['name']}"
+        )
+    vocab = cfg["model"].get("vocab_size")
+    if vocab is not None and vocab < tok["vocab_size"]:
+        raise ValueError(
+            f"model.vocab_size={vocab} is smaller than the corpus tokenizer's {tok['vocab_size']} tokens; "
+            "leave model.vocab_size unset to take it from the corpus"
+        )
+    longest = meta["splits"]["train"]["longest_document"]
+    if cfg["data"]["block_size"] > longest:
+        raise ValueError(
+            f"data.block_size={cfg['data']['block_size']} is longer than the corpus's longest training document "
+            f"({longest} tokens); use a shorter context or a corpus with longer documents"
+        )
+
+
+class _MetricsLog:
+    """Append-only JSONL (rank 0); on resume, entries from iterations at or after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, enabled: bool, keep_before: int | None):
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        lines = []
+        if keep_before is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] < keep_before:
+                        lines.append(line)
+                except (json.JSONDecodeError, KeyError):
+                    break
+        atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
+        self.file = open(path, "a")
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+
+
+def _autocast(cfg: dict, device: torch.device):
+    dtype = cfg["train"]["dtype"]
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if dtype == "bfloat16":
+        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+@torch.no_grad()
+def estimate_loss(model, sampler: WindowSampler, iters: int, device, autocast) -> float:
+    """Mean loss over ``iters`` fixed validation batches (the same windows at every evaluation)."""
+    was_training = model.training
+    model.eval()
+    losses = []
+    for k in range(iters):
+        x, y = sampler.batch(0, k, device)
+        with autocast():
+            _, loss = model(x, y)
+        losses.append(loss.float().item())
+    model.train(was_training)
+    return float(np.mean(losses))
+
+
+def _prepare_run(config, overrides, ctx, progress):
+    cfg = resolve_config(config, overrides)
+    folder = _ensure_corpus(cfg["data"]["corpus"], ctx, progress)
+    try:
+        meta = corpus_meta(folder)
+    except CorpusError as err:
+        raise CorpusError(f"data.corpus={cfg['data']['corpus']!r}: {err}") from None
+    _check_data(cfg, meta)
+    model_section = dict(cfg["model"])
+    if model_section.get("vocab_size") is None:
+        model_section["vocab_size"] = -(-meta["tokenizer"]["vocab_size"] // 64) * 64  # padded like nanoGPT
+    cfg["model"] = ModelConfig.from_dict(model_section).to_dict()
+    if cfg["train"]["grad_accum"] % ctx.world_size:
+        raise ValueError(
+            f"train.grad_accum={cfg['train']['grad_accum']} must be a multiple of the number of processes "
+            f"({ctx.world_size}): the global batch is batch_size x grad_accum sequences"
+        )
+    return cfg, folder, meta
+
+
+def train(config, *, overrides=None, run_dir=None, resume: bool = False, progress: bool = True,
+          _interrupt_at: int | None = None) -> Path:
+    """Train a language model and return its run directory.
+
+    ``config``: a name under ``configs/`` ("tiny-cpu", "h200-mini", "owt16"), a YAML path or a dict;
+    ``overrides``: dict or list of ``"key=value"`` strings with dotted keys (``"model.attention=path"``);
+    ``run_dir``: default ``runs/<config name>/<attention>/``; ``resume``: continue from ``run_dir/ckpt.pt``.
+    """
+    ctx = distributed.setup(resolve_config(config, overrides)["train"]["device"])
+    try:
+        return _train(config, overrides, run_dir, resume, progress, ctx, _interrupt_at)
+    finally:
+        distributed.teardown()
+
+
+def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> Path:
+    cfg, corpus_folder, meta = _prepare_run(config, overrides, ctx, progress)
+    tcfg, ocfg = cfg["train"], cfg["optim"]
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    ckpt_path = run_dir / CKPT_NAME
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(ckpt_path)
+        diff = config_diff(ckpt["config"], cfg, ignore=RESUME_MAY_CHANGE)
+        if diff:
+            raise ValueError(
+                f"cannot resume {run_dir}: the config differs from the run's ({'; '.join(diff)}). Resume with the "
+                "run's own config, or start a new run in another directory"
+            )
+    elif ckpt_path.exists():
+        raise ValueError(
+            f"{run_dir} already holds a checkpoint; pass resume=True (`--resume`) to continue that run, or choose "
+            "another run directory (`--run-dir`); the existing checkpoint is left untouched"
+        )
+    if tcfg["threads"] and ctx.device.type == "cpu":
+        torch.set_num_threads(tcfg["threads"])
+
+    torch.manual_seed(tcfg["seed"])
+    model = build_model(ModelConfig.from_dict(cfg["model"])).to(ctx.device)
+    optimizer = make_optimizer(model, ocfg, ctx.device)
+    start = 0
+    if ckpt is not None:
+        model.load_state_dict(_clean_state_dict(ckpt["model"]))
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start = int(ckpt["step"])
+        set_rng_state(ckpt["rng"])
+    compile_flag = tcfg["compile"] if tcfg["compile"] != "auto" else ctx.device.type == "cuda"
+    net = torch.compile(model) if compile_flag else model
+    net = distributed.wrap_model(net, ctx, tcfg["distributed"])
+    autocast = _autocast(cfg, ctx.device)
+
+    train_tokens = load_tokens(corpus_folder, "train")
+    val_tokens = load_tokens(corpus_folder, "val")
+    block = cfg["data"]["block_size"]
+    sampler = WindowSampler(train_tokens, block, tcfg["batch_size"], tcfg["seed"])
+    val_sampler = WindowSampler(val_tokens, block, tcfg["batch_size"], tcfg["seed"] + 1)
+    accum_local = tcfg["grad_accum"] // ctx.world_size
+    micro_ids = range(ctx.rank * accum_local, (ctx.rank + 1) * accum_local)
+    tokens_per_iter = tcfg["batch_size"] * block * tcfg["grad_accum"]
+
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False).encode())
+        atomic_write_json(run_dir / "env.json", {**environment_info(ctx), "corpus": meta["name"],
+                                                 "corpus_recipe_hash": meta.get("recipe_hash")})
+        print(f"training {cfg['model']['attention']} ({model.num_parameters():,} parameters, "
+              f"{model.num_parameters(non_embedding=True):,} non-embedding) on {meta['name']} "
+              f"for {tcfg['max_iters']} iterations of {tokens_per_iter:,} tokens -> {run_dir}", flush=True)
+    log = _MetricsLog(run_dir / "metrics.jsonl", ctx.is_main, keep_before=start if resume else 0)
+
+    def checkpoint(step: int) -> None:
+        if ctx.is_main:
+            save_checkpoint(ckpt_path, {
+                "model": _clean_state_dict(_unwrap(net).state_dict()), "optimizer": optimizer.state_dict(),
+                "step": step, "rng": rng_state(), "sampler": sampler.state(step), "config": cfg,
+                "config_hash": config_hash(cfg, RESUME_MAY_CHANGE), "model_config": cfg["model"],
+                "tokenizer": meta["tokenizer"],
+            })
+        ctx.barrier()
+
+    bar = None
+    if progress and ctx.is_main:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=tcfg["max_iters"], initial=start, desc=f"train {cfg['model']['attention']}", unit="it")
+    t_start = time.perf_counter()
+    val_loss = None
+    loss_value = float("nan")
+    try:
+        net.train()
+        for it in range(start, tcfg["max_iters"]):
+            if tcfg["eval_interval"] and it > start and it % tcfg["eval_interval"] == 0:
+                val_loss = estimate_loss(net, val_sampler, tcfg["eval_iters"], ctx.device, autocast)
+                log.write({"step": it, "val_loss": val_loss})
+            t0 = time.perf_counter()
+            lr = learning_rate(it, ocfg, tcfg["max_iters"])
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=ctx.device)
+            for j, micro in enumerate(micro_ids):
+                x, y = sampler.batch(it, micro, ctx.device)
+                sync = contextlib.nullcontext()
+                if ctx.enabled and j < accum_local - 1 and hasattr(net, "no_sync"):
+                    sync = net.no_sync()
+                with sync:
+                    with autocast():
+                        _, loss = net(x, y)
+                    (loss / accum_local).backward()
+                loss_sum += loss.detach().float()
+            loss_value = ctx.all_reduce_mean(loss_sum / accum_local).item()
+            if not math.isfinite(loss_value):
+                last = load_checkpoint(ckpt_path)["step"] if ckpt_path.exists() else None
+                raise TrainingDiverged(
+                    f"loss became {loss_value} at iteration {it}; the run stopped before applying that step. "
+                    + (f"The last good checkpoint (iteration {last}) in {run_dir} is kept. " if last is not None
+                       else "No checkpoint was written yet. ")
+                    + "Lower optim.lr, raise optim.warmup_iters or check the data, then start again."
+                )
+            clip = ocfg["grad_clip"]
+            params = [p for p in net.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            log.write({"step": it, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm),
+                       "tokens_per_s": tokens_per_iter / dt, "elapsed_s": time.perf_counter() - t_start})
+            if bar is not None:
+                bar.update(1)
+                if it % tcfg["log_interval"] == 0:
+                    bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_iter / dt:,.0f}")
+            done = it + 1
+            if tcfg["ckpt_interval"] and done % tcfg["ckpt_interval"] == 0 and done < tcfg["max_iters"]:
+                checkpoint(done)
+            if interrupt_at is not None and done == interrupt_at:
+                raise KeyboardInterrupt(f"interrupted after iteration {done} (test hook)")
+        val_loss = estimate_loss(net, val_sampler, tcfg["eval_iters"], ctx.device, autocast)
+        log.write({"step": tcfg["max_iters"], "val_loss": val_loss})
+        checkpoint(tcfg["max_iters"])
+    finally:
+        if bar is not None:
+            bar.close()
+        log.close()
+    elapsed = time.perf_counter() - t_start
+    if ctx.is_main:
+        trained = tcfg["max_iters"] - start
+        atomic_write_json(run_dir / "summary.json", {
+            "iterations": tcfg["max_iters"], "resumed_from": start if resume else None,
+            "train_loss": loss_value, "val_loss": val_loss, "tokens": tcfg["max_iters"] * tokens_per_iter,
+            "elapsed_s": elapsed, "tokens_per_s": trained * tokens_per_iter / max(elapsed, 1e-9),
+            "parameters": model.num_parameters(), "non_embedding_parameters": model.num_parameters(True),
+        })
+        print(f"done: train loss {loss_value:.4f}, val loss {val_loss:.4f}, {elapsed:.1f}s -> {run_dir}", flush=True)
+    return run_dir
+
+
+def load_run(run_dir, *, device="cpu"):
+    """``(model, run_config)`` of a trained run: the model in eval mode with the checkpoint's weights."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    ckpt = load_checkpoint(run_dir / CKPT_NAME, map_location="cpu")
+    model = build_model(ModelConfig.from_dict(ckpt["model_config"]))
+    model.load_state_dict(_clean_state_dict(ckpt["model"]))
+    model.to(device).eval()
+    cfg = dict(ckpt["config"])
+    cfg["checkpoint_step"] = ckpt["step"]
+    return model, cfg
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="tiny-cpu", help="config name under configs/ or a YAML path")
+    parser.add_argument("--attention", default=None, help="attention variant (shortcut for model.attention=...)")
+    parser.add_argument("--run-dir", default=None, help="run directory (default runs/<config>/<attention>/)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted config overrides, e.g. train.max_iters=100 optim.lr=3e-4")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    if args.attention:
+        overrides.append(f"model.attention={args.attention}")
+    try:
+        train(args.config, overrides=overrides, run_dir=args.run_dir, resume=args.resume,
+              progress=not args.no_progress)
+    except (ValueError, RuntimeError) as err:
+        print(f"pathlab train: {err}", file=sys.stderr)
+        return 1
+    return 0
