@@ -327,7 +327,7 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
     try:
         net.train()
         for it in range(start, tcfg["max_iters"]):
-            if tcfg["eval_interval"] and it > start and it % tcfg["eval_interval"] == 0:
+            if tcfg["eval_interval"] and it > 0 and it % tcfg["eval_interval"] == 0:
                 val_loss = estimate_loss(net, val_sampler, tcfg["eval_iters"], ctx.device, autocast)
                 log.write({"step": it, "val_loss": val_loss})
             t0 = time.perf_counter()

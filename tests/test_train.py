@@ -1,0 +1,207 @@
+"""Training pipeline: exact resume, 2-process DDP against 1 process, schedule, config and bad-input checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from pathlab.data.tokens import write_corpus
+from pathlab.run_config import resolve_config
+from pathlab.train import TrainingDiverged, learning_rate, load_run, train
+
+VOCAB = 97
+EOT = 96
+
+
+def _markov_docs(rng, n_docs, length):
+    """Documents from a sparse random Markov chain, so a tiny model has something to learn."""
+    nxt = rng.integers(0, EOT, size=(EOT, 3))
+    docs = []
+    for _ in range(n_docs):
+        t = int(rng.integers(0, EOT))
+        doc = []
+        for _ in range(int(length)):
+            doc.append(t)
+            t = int(nxt[t, rng.integers(0, 3)])
+        docs.append(doc)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("corpus")
+    return write_corpus(folder, "markov", {"train": _markov_docs(rng, 30, 400), "val": _markov_docs(rng, 4, 700)},
+                        {"name": "markov97", "vocab_size": VOCAB, "eot": EOT})
+
+
+def tiny_config(corpus, **train):
+    return {
+        "name": "test",
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "attention": "rope"},
+        "data": {"corpus": str(corpus), "block_size": 32},
+        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_iters": 2},
+        "train": {"max_iters": 8, "batch_size": 4, "grad_accum": 2, "device": "cpu", "eval_interval": 4,
+                  "eval_iters": 2, "ckpt_interval": 4, "log_interval": 1, **train},
+    }
+
+
+def _losses(run_dir):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r], [r["val_loss"] for r in rows if "val_loss" in r]
+
+
+def test_resume_reproduces_uninterrupted_losses_exactly(corpus, tmp_path):
+    cfg = tiny_config(corpus)
+    full = train(cfg, run_dir=tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir=tmp_path / "cut", progress=False, _interrupt_at=6)  # killed after the step-4 checkpoint
+    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["sampler"]["iteration"] == 4
+    train(cfg, run_dir=tmp_path / "cut", progress=False, resume=True)
+    a, va = _losses(full)
+    b, vb = _losses(tmp_path / "cut")
+    assert len(a) == len(b) == 8
+    assert a == b  # bit-for-bit on the CPU
+    assert va == vb
+    assert a[-1] < a[0]
+    ma, _ = load_run(full)
+    mb, run_cfg = load_run(tmp_path / "cut")
+    assert run_cfg["checkpoint_step"] == 8
+    for (na, pa), (nb, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+        assert na == nb and torch.equal(pa, pb)
+
+
+def test_resume_refuses_a_different_config_and_keeps_the_checkpoint(corpus, tmp_path):
+    cfg = tiny_config(corpus, max_iters=4)
+    train(cfg, run_dir=tmp_path, progress=False)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    with pytest.raises(ValueError, match="optim.lr"):
+        train(cfg, overrides=["optim.lr=1e-2"], run_dir=tmp_path, resume=True, progress=False)
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
+        train(cfg, run_dir=tmp_path, progress=False)
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+    import pathlab.model
+
+    forward = pathlab.model.GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        calls["n"] += 1
+        return logits, (loss * float("nan") if calls["n"] > 8 else loss)  # iterations 0-3 are fine (2 micro each)
+
+    monkeypatch.setattr(pathlab.model.GPT, "forward", poisoned)
+    cfg = tiny_config(corpus, max_iters=8, eval_interval=0, ckpt_interval=4)
+    with pytest.raises(TrainingDiverged, match=r"nan at iteration 4.*last good checkpoint \(iteration 4\)"):
+        train(cfg, run_dir=tmp_path, progress=False)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert ckpt["step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_matches_one_process(corpus, tmp_path):
+    cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2)
+    single = train(cfg, run_dir=tmp_path / "single", progress=False)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The same command a user runs, under torchrun: 2 CPU processes on the gloo backend.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), "-m", "pathlab.cli", "train", "--config", str(cfg_path),
+           "--run-dir", str(tmp_path / "ddp"), "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, va = _losses(single)
+    b, vb = _losses(tmp_path / "ddp")
+    assert len(b) == 3
+    np.testing.assert_allclose(b, a, rtol=1e-5)
+    np.testing.assert_allclose(vb, va, rtol=1e-5)
+    ma, _ = load_run(single)
+    mb, _ = load_run(tmp_path / "ddp")
+    for pa, pb in zip(ma.parameters(), mb.parameters()):
+        torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-6)
+
+
+def test_learning_rate_schedule_matches_nanogpt():
+    optim = {"lr": 6e-4, "min_lr": 6e-5, "warmup_iters": 10, "lr_decay_iters": 100}
+    assert learning_rate(0, optim, 100) == pytest.approx(6e-4 / 11)
+    assert learning_rate(9, optim, 100) == pytest.approx(6e-4 * 10 / 11)
+    assert learning_rate(10, optim, 100) == pytest.approx(6e-4)
+    assert learning_rate(55, optim, 100) == pytest.approx(6e-5 + 0.5 * (6e-4 - 6e-5))
+    assert learning_rate(100, optim, 100) == pytest.approx(6e-5)
+    assert learning_rate(500, optim, 100) == pytest.approx(6e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "h200-mini", "owt16"])
+def test_shipped_configs_resolve(name):
+    cfg = resolve_config(name)
+    assert cfg["name"] == name
+    if name == "owt16":
+        m = cfg["model"]
+        assert (m["n_layer"], m["n_embd"], m["n_head"], cfg["data"]["block_size"]) == (16, 768, 12, 512)
+        assert cfg["train"]["batch_size"] * cfg["train"]["grad_accum"] * 512 == 524288
+
+
+@pytest.mark.parametrize("override, message", [
+    (["train.max_iter=5"], "did you mean train.max_iters"),
+    (["train.max_iters=five"], "must be int"),
+    (["model.n_layers=2"], "model.n_layer"),
+    (["train.dtype=fp16"], "must be one of"),
+    (["model.attention=nonsense"], "unknown attention"),
+    (["optim.min_lr=1.0"], "min_lr"),
+    (["noequals"], "key=value"),
+])
+def test_bad_overrides_raise_value_error(override, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_config("tiny-cpu", override)
+
+
+def test_overrides_are_typed():
+    cfg = resolve_config("tiny-cpu", ["optim.lr=1e-3", "train.max_iters=7", "eval.lengths=128,256",
+                                      "model.attention_kwargs.base=500"])
+    assert cfg["optim"]["lr"] == 1e-3 and isinstance(cfg["optim"]["lr"], float)
+    assert cfg["train"]["max_iters"] == 7 and cfg["eval"]["lengths"] == [128, 256]
+    assert cfg["model"]["attention_kwargs"] == {"base": 500}
+
+
+def test_data_mismatches_are_refused(corpus, tmp_path):
+    with pytest.raises(ValueError, match="tokenizer mismatch"):
+        train(tiny_config(corpus), overrides={"data.tokenizer": "gpt2"}, run_dir=tmp_path / "a", progress=False)
+    with pytest.raises(ValueError, match="longest training document"):
+        train(tiny_config(corpus), overrides={"data.block_size": 4096}, run_dir=tmp_path / "b", progress=False)
+    with pytest.raises(ValueError, match="vocab_size"):
+        train(tiny_config(corpus), overrides={"model.vocab_size": 64}, run_dir=tmp_path / "c", progress=False)
+    with pytest.raises(ValueError, match="not a prepared corpus"):
+        train(tiny_config(tmp_path), run_dir=tmp_path / "d", progress=False)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_run(tmp_path)
+
+
+def test_corrupt_token_file_is_detected(corpus, tmp_path):
+    import shutil
+
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    with open(copy / "train.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ValueError, match="corrupt or unfinished"):
+        train(tiny_config(copy), run_dir=tmp_path / "run", progress=False)
