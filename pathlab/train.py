@@ -402,6 +402,7 @@ def load_run(run_dir, *, device="cpu"):
     model.to(device).eval()
     cfg = dict(ckpt["config"])
     cfg["checkpoint_step"] = ckpt["step"]
+    cfg["tokenizer"] = ckpt.get("tokenizer")
     return model, cfg
 
 
