@@ -1,9 +1,13 @@
-"""Peak memory of one forward+backward of the blockwise PyTorch PaTH on the CPU, against a T×T matrix.
+"""Peak memory of one forward+backward of the blockwise PyTorch PaTH, against the size of a T×T matrix.
 
-    python benchmarks/bench_blockwise_memory.py --T 16384 --H 2 --D 64 --out benchmarks/results/blockwise-memory-cpu.json
+    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/bench_blockwise_memory.py --T 16384 --H 2 --D 64 \
+        --out benchmarks/results/blockwise-memory-cpu.json
+    python benchmarks/bench_blockwise_memory.py --device cuda --T 16384 --out ...
 
-Peak resident memory is read from the kernel (VmHWM, reset through /proc/self/clear_refs just before the
-timed region), so it counts every allocation of the process, not only PyTorch's.
+On the CPU, peak resident memory is read from the kernel (VmHWM, reset through /proc/self/clear_refs just before
+the measured region), so it counts every allocation of the process, not only PyTorch's; a fixed malloc mmap
+threshold makes freed buffers leave the process, so the peak reflects live memory. On CUDA the allocator's peak
+(torch.cuda.max_memory_allocated) is used.
 """
 
 from __future__ import annotations
@@ -35,26 +39,34 @@ def main() -> None:
     parser.add_argument("--D", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=128)
     parser.add_argument("--gate", action="store_true")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     inputs = random_path_inputs(1, args.T, args.H, args.D, beta_range=(0.05, 1.95), gate=args.gate,
-                                requires_grad=True)
-    inputs = [t for t in inputs]
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak-RSS counter
-    base = _status_kib("VmRSS")
+                                requires_grad=True, device=args.device)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 1024
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-RSS counter
+        base = _status_kib("VmRSS")
     start = time.perf_counter()
     out = pathlab.path_attention(*inputs, backend="torch", chunk_size=args.chunk)
     out.square().mean().backward()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = torch.cuda.max_memory_allocated() / 1024 if cuda else _status_kib("VmHWM")
     finite = all(bool(torch.isfinite(t.grad).all()) for t in inputs if t is not None)
     extra_mib = (peak - base) / 1024
     txt_mib = args.T * args.T * 4 * args.H / 2**20
     result = {
-        "what": "blockwise PyTorch PaTH forward+backward on the CPU",
+        "what": f"blockwise PyTorch PaTH forward+backward, peak extra memory on {args.device}",
         "shape": {"B": 1, "T": args.T, "H": args.H, "D": args.D, "chunk": args.chunk, "gate": args.gate},
         "peak_extra_MiB": round(extra_mib, 1),
         "one_TxT_fp32_matrix_per_head_MiB": round(txt_mib, 1),
@@ -62,7 +74,7 @@ def main() -> None:
         "seconds": round(seconds, 1),
         "grads_finite": finite,
         "torch": torch.__version__,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": torch.cuda.get_device_name() if cuda else f"{platform.machine()}, {os.cpu_count()} cores",
     }
     print(json.dumps(result, indent=2))
     if args.out:
