@@ -1,0 +1,153 @@
+"""The Triton PaTH kernel against the fp64 reference, on the CPU under the Triton interpreter.
+
+Forward and every gradient (dq, dk, dv, dw, dβ, dg) by relative RMS error, at awkward lengths with small chunks
+(BT = 16 or 32) so that T crosses several chunks and ends inside one; the kernel's outputs (o, lse, dq̃, dS_d)
+are allocated pre-filled with NaN, so an element it never writes shows up as NaN here. bf16 and long
+sequences run on a GPU (``test_kernels_gpu.py``).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of the kernels
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines; the GPU runs test_kernels_gpu.py"
+)
+
+from pathlab.kernels import path_attention_triton  # noqa: E402
+from pathlab.reference import path_attention as reference  # noqa: E402
+
+
+def rel_rms(a, b, floor=1e-2):
+    """RMS(a − b) / max(RMS(b), floor): relative, with a floor for gradients that are exactly 0 in exact
+    arithmetic (dq, dk of a one-token sequence) and O(ε) in floating point. Inputs here are O(1)."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(floor))
+
+
+def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True):
+    q = torch.randn(B, T, H, D).to(dtype)
+    k = torch.randn(B, T, Hkv, D).to(dtype)
+    v = torch.randn(B, T, Hkv, DV).to(dtype)
+    w = torch.randn(B, T, Hkv, D)
+    lo, hi = beta_range
+    beta = lo + (hi - lo) * torch.rand(B, T, Hkv)
+    g = torch.nn.functional.logsigmoid(1.0 + torch.randn(B, T, H)) if gate else None
+    return q, k, v, w, beta, g
+
+
+def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3):
+    q, k, v, w, beta, g = inputs
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta) + ((g,) if g is not None else ())]
+    o = path_attention_triton(*leaves[:5], leaves[5] if g is not None else None,
+                              cu_seqlens=cu_seqlens, block_size=block_size, programs=programs)
+    do = torch.randn_like(o.float())
+    got = [o] + list(torch.autograd.grad(o, leaves, do.to(o.dtype)))
+
+    # the oracle: fp64 reference, one sequence at a time
+    bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
+    want = [torch.zeros_like(t, dtype=torch.float64) for t in [o] + leaves]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part = [t[:, a:b].detach().double().requires_grad_() for t in leaves]
+        o_ref = reference(*part[:5], part[5] if g is not None else None)
+        grads = torch.autograd.grad(o_ref, part, do[:, a:b].double(), allow_unused=True)
+        want[0][:, a:b] = o_ref.detach()
+        for slot, gr in zip(want[1:], grads):
+            if gr is not None:  # w, β of a length-1 sequence do not enter its output
+                slot[:, a:b] = gr
+    names = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
+    errs = {n: rel_rms(x, y) for n, x, y in zip(names, got, want)}
+    for n, x in zip(names, got):
+        assert torch.isfinite(x).all(), f"{n} has NaN/inf (an element the kernel never wrote?)"
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"relative RMS errors above {tol}: {bad} (all: {errs})"
+
+
+CASES = [
+    # B, T, H, Hkv, D, DV, dtype, gate, beta_range, block
+    pytest.param(1, 1, 2, 2, 16, 16, torch.float32, True, (0.0, 2.0), 16, id="B1-T1-H2-D16-fp32-gate"),
+    pytest.param(2, 17, 4, 2, 32, 16, torch.float32, False, (0.0, 2.0), 16, id="B2-T17-H4kv2-D32-Dv16-fp32"),
+    pytest.param(1, 100, 2, 1, 16, 32, torch.float32, True, (0.0, 2.0), 16, id="B1-T100-H2kv1-D16-Dv32-fp32-gate"),
+    pytest.param(1, 200, 2, 2, 64, 64, torch.float32, True, (0.0, 2.0), 32, id="B1-T200-H2-D64-BT32-fp32-gate"),
+    pytest.param(1, 33, 1, 1, 128, 128, torch.float32, False, (0.0, 2.0), 16, id="B1-T33-H1-D128-fp32"),
+    pytest.param(1, 70, 2, 2, 32, 32, torch.float32, True, (0.0, 1e-3), 16, id="B1-T70-D32-fp32-beta-near-0"),
+    pytest.param(1, 70, 2, 2, 32, 32, torch.float32, True, (1.999, 2.0), 16, id="B1-T70-D32-fp32-beta-near-2"),
+    pytest.param(2, 100, 2, 1, 32, 32, torch.float16, True, (0.0, 2.0), 16, id="B2-T100-H2kv1-D32-fp16-gate"),
+    pytest.param(1, 200, 2, 2, 16, 16, torch.float16, False, (1.5, 2.0), 16, id="B1-T200-D16-fp16-beta-1.5-2"),
+]
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", CASES)
+def test_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
+    inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_varlen_packed_sequences(dtype):
+    lengths = [1, 15, 60, 16]  # a single token, one short of a chunk, a long one, exactly one chunk
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    inputs = make(1, sum(lengths), 4, 2, 16, 32, dtype, gate=True)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=2)
+
+
+def test_non_contiguous_inputs():
+    B, T, H, D = 1, 40, 2, 16
+    q = torch.randn(B, H, T, D).transpose(1, 2)  # [B, T, H, D] view with odd strides
+    k = torch.randn(B, T, H, 2 * D)[..., ::2]
+    v = torch.randn(B, T, D, H).transpose(2, 3)
+    w = torch.randn(B, H, T, D).transpose(1, 2)
+    beta = 2 * torch.rand(B, H, T).transpose(1, 2)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, H, T)).transpose(1, 2)
+    assert not any(t.is_contiguous() for t in (q, k, v, w, beta, g))
+    compare((q, k, v, w, beta, g), tol=1e-5)
+
+
+def test_gate_is_not_scaled():
+    """A gate that is huge for far keys must act as −∞ whatever the scale (FoX's convention)."""
+    B, T, H, D = 1, 40, 1, 16
+    q, k, v, w, beta, _ = make(B, T, H, H, D, D, torch.float32, gate=False)
+    g = torch.zeros(B, T, H)
+    g[:, 20] = -1e4  # keys before 20 are invisible to queries from 20 on
+    o = path_attention_triton(q, k, v, w, beta, g, scale=1e-3, block_size=16)
+    o_ref = reference(q[:, 20:], k[:, 20:], v[:, 20:], w[:, 20:], beta[:, 20:], None, scale=1e-3)
+    assert rel_rms(o[:, 20:], o_ref) < 1e-5
+
+
+def test_dispatcher_uses_the_kernel():
+    import pathlab
+
+    q, k, v, w, beta, g = make(1, 30, 2, 2, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="CUDA"):
+        pathlab.path_attention(q, k, v, w, beta, g, backend="triton")  # CPU tensors to the CUDA backend
+    o = path_attention_triton(q, k, v, w, beta, g, block_size=16)
+    o_ref = pathlab.path_attention(q, k, v, w, beta, g, backend="reference")
+    assert rel_rms(o, o_ref) < 1e-5
+
+
+def test_bad_inputs_raise_clear_errors(monkeypatch):
+    q, k, v, w, beta, g = make(1, 8, 2, 2, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="head dim D"):
+        path_attention_triton(*make(1, 8, 2, 2, 48, 16, torch.float32)[:5])
+    with pytest.raises(ValueError, match="Dv"):
+        path_attention_triton(*make(1, 8, 2, 2, 16, 24, torch.float32)[:5])
+    with pytest.raises(ValueError, match="is on meta"):
+        path_attention_triton(q, k.to("meta"), v, w, beta)
+    with pytest.raises(ValueError, match="multiple"):
+        path_attention_triton(*make(1, 8, 3, 2, 16, 16, torch.float32)[:5])
+    with pytest.raises(ValueError, match="beta"):
+        path_attention_triton(q, k, v, w, beta[..., :1])
+    with pytest.raises(ValueError, match="g must be"):
+        path_attention_triton(q, k, v, w, beta, g[..., :1])
+    with pytest.raises(ValueError, match="B == 1"):
+        path_attention_triton(*make(2, 8, 2, 2, 16, 16, torch.float32)[:5],
+                              cu_seqlens=torch.tensor([0, 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_size"):
+        path_attention_triton(q, k, v, w, beta, block_size=24)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        path_attention_triton(q, k, v, w, beta)
