@@ -183,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     if needed:
         from pathlab.probes import runs
 
+        if args.fast:
+            needed = [v for v in needed if v in runs.FAST_VARIANTS]
+
         try:
             runs.ensure_runs(args.profile, needed, fast=args.fast, progress=True)
         except (FileNotFoundError, ValueError, RuntimeError) as err:

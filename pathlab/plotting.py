@@ -144,3 +144,164 @@ def plot_incoherence(data):
            ylabel="κ = ‖Σ α P b‖ / (ρ_D ‖b‖)", title="M6: rotated values combine incoherently")
     ax.legend(fontsize=6)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------- trained models
+
+LENGTH_STYLES = ["-", "--", ":", "-.", (0, (1, 1)), (0, (5, 1))]
+
+
+def plot_learned(data):
+    """M2: learned windows W_{h,b} (histogram), per-block γ, and ρ_s(n) at every evaluation length."""
+    plt = setup()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    ax = axes[0]
+    for i, (v, r) in enumerate(data["variants"].items()):
+        if "W_emp" not in r:
+            continue
+        w = _arr(r["W_emp"]).ravel()
+        finite = w[np.isfinite(w)]
+        if finite.size:
+            ax.hist(finite, bins=np.geomspace(1, max(finite.max(), 2) * 1.1, 25), histtype="step", color=f"C{i}",
+                    label=f"{v}: {np.mean(np.isfinite(w)):.0%} of blocks mix")
+        gamma = _arr(r["gamma"])
+        axes[1].plot(np.median(gamma.reshape(-1, gamma.shape[-1]), axis=0), "o-", ms=3, color=f"C{i}", label=v)
+    ax.set(xscale="log", xlabel=f"mixing window W(ε={data['eps']}) of a block", ylabel="blocks (layers × heads)",
+           title="M2: learned mixing windows (training length)")
+    ax.legend(fontsize=6)
+    axes[1].set(xlabel="block b", ylabel="γ_b = |mean e^{iθ}| (median over layers, heads)", ylim=(0, 1.05),
+                title="per-block spectral gap")
+    axes[1].legend(fontsize=6)
+    ax = axes[2]
+    for i, (v, r) in enumerate(data["variants"].items()):
+        for j, (L, c) in enumerate(sorted(r.get("rho_s", {}).items(), key=lambda t: int(t[0]))):
+            ax.plot(np.maximum(_arr(c["n"]), 0.5), _arr(c["rho_s"]), color=f"C{i}",
+                    ls=LENGTH_STYLES[j % len(LENGTH_STYLES)], label=f"{v}, L={L}")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xscale="log", xlabel="distance n = i − j", ylabel="ρ_s(n) = E[s s⁰] / E[s⁰²]",
+           title="score-weighted decorrelation")
+    ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
+def plot_scores_model(data):
+    """M3 on trained models: μ(n) ± σ(n) and log m(n) of the first layer, one panel per variant, all lengths."""
+    plt = setup()
+    variants = list(data["variants"])
+    fig, axes = plt.subplots(2, len(variants), figsize=(3.2 * len(variants), 5.4), squeeze=False)
+    for c, v in enumerate(variants):
+        for j, (L, r) in enumerate(sorted(data["variants"][v].items(), key=lambda t: int(t[0]))):
+            n = np.maximum(_arr(r["n"]), 0.5)
+            mu, sd = _arr(r["mean_layer0"]), _arr(r["std_layer0"])
+            ls = LENGTH_STYLES[j % len(LENGTH_STYLES)]
+            axes[0, c].plot(n, mu, color=f"C{j}", ls=ls, label=f"L={L}")
+            axes[0, c].fill_between(n, mu - sd, mu + sd, color=f"C{j}", alpha=0.12)
+            axes[1, c].plot(n, _arr(r["log_mean_exp_layer0"]), color=f"C{j}", ls=ls, label=f"L={L}")
+            if j == 0:
+                for ax in axes[:, c]:
+                    ax.axvline(r["W"][0], color="grey", lw=0.7, ls=":")
+        axes[0, c].set(xscale="log", title=v, xlabel="distance n")
+        axes[1, c].set(xscale="log", xlabel="distance n")
+    axes[0, 0].set_ylabel("μ(n) ± σ(n), layer 0 (median head)")
+    axes[1, 0].set_ylabel("log m(n) = log E e^s")
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle("M3: score statistics against distance (dotted: near-set width W)", fontsize=9)
+    return fig
+
+
+def plot_far_mass_model(data):
+    """M4 on trained models: far mass against L (solid, mean over layers) and the prediction from Γ̂ (dashed)."""
+    plt = setup()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (v, r) in enumerate(data["variants"].items()):
+        L = r["lengths"]
+        ax.plot(L, np.mean(_arr(r["measured"]), axis=1), "o-", ms=3, color=f"C{i}", label=v)
+        ax.plot(L, np.mean(_arr(r["predicted"]), axis=1), "--", color=f"C{i}", lw=0.9)
+    ax.set(xscale="log", xlabel="evaluation length L", ylabel="far mass ρ_D (median head, mean layer)",
+           ylim=(-0.02, 1.02), title="M4: far mass vs length (dashed: predicted from training-length Γ̂)")
+    ax.legend(fontsize=6)
+    return fig
+
+
+def plot_bound_model(data):
+    """M5 on trained models: measured ρ_D against the bound for every sampled query; all points above y = x."""
+    plt = setup()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (v, rows) in enumerate(data["variants"].items()):
+        Lmax = max(rows, key=int)
+        r = rows[Lmax]
+        ax.scatter(_arr(r["bound"]), _arr(r["far_mass"]), s=4, alpha=0.5, color=f"C{i}", label=f"{v} (L={Lmax})")
+        Ls = sorted(rows, key=int)
+        ax2.plot([int(L) for L in Ls], [rows[L]["lam_median"] for L in Ls], "o-", ms=3, color=f"C{i}", label=v)
+    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+    ax.set(xlabel="bound M_L / (M_L + K e^{2λ})", ylabel="measured far mass ρ_D", xlim=(-0.02, 1.02),
+           ylim=(-0.02, 1.02), title="M5: every query lies above the diagonal")
+    ax.legend(fontsize=6, markerscale=3)
+    ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median λ = max_j |s_ij|",
+            title="bounded logits (rotations) vs unbounded (ALiBi, FoX gates)")
+    ax2.legend(fontsize=6)
+    return fig
+
+
+def plot_coherence_model(data):
+    """M6 on trained models: κ against 1/√M_eff per query (Q/K/V), κ = 1 for Q/K; ‖o_F‖/‖o_N‖ against L."""
+    plt = setup()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (v, r) in enumerate(data["variants"].items()):
+        if "kappa" in r:
+            ax.scatter(_arr(r["inv_sqrt_meff"]), _arr(r["kappa"]), s=5, alpha=0.5, color=f"C{i}", label=v)
+        ax2.plot(r["lengths"], _arr(r["far_near_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
+    x = np.geomspace(1e-3, 1, 10)
+    ax.plot(x, x, "k--", lw=0.8, label="κ = 1/√M_eff")
+    ax.set(xscale="log", yscale="log", xlabel="1/√M_eff", ylabel="coherence ratio κ",
+           title="M6: far background, Q/K vs Q/K/V (largest L)")
+    ax.legend(fontsize=6, markerscale=3)
+    ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median ‖o_F‖ / ‖o_N‖",
+            title="far-to-near output norm")
+    ax2.legend(fontsize=6)
+    return fig
+
+
+def plot_extrapolation(data):
+    """M7: perplexity ratio r(L) against L / L_train (published ratios as crosses), and per-position loss."""
+    plt = setup()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    names = list(data["variants"])
+    for i, v in enumerate(names):
+        r = data["variants"][v]
+        mult = np.asarray(r["lengths"]) / r["train_length"]
+        ax.plot(mult, _arr(r["ppl_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
+        if "position" in r:
+            ax2.plot(_arr(r["position"]), _arr(r["position_loss"]), color=f"C{i}", label=v)
+            ax2.axvline(r["train_length"], color="grey", ls=":", lw=0.8)
+    for p in data["published"]:
+        color = f"C{names.index(p['model'])}" if p["model"] in names else "k"
+        ax.plot(p["length_multiple"], p["ratio"], "x", ms=8, mew=1.5, color=color)
+    ax.plot([], [], "kx", label="published (paper, ×L_train)")
+    ax.set(xscale="log", yscale="log", xlabel="L / L_train", ylabel="PPL(L) / PPL(L_train)",
+           title="M7: length extrapolation")
+    ax.legend(fontsize=6)
+    ax2.set(xscale="log", xlabel="position t (dotted: training length)", ylabel="loss(t), bucket mean",
+            title="per-position loss at the longest L")
+    ax2.legend(fontsize=6)
+    return fig
+
+
+def plot_ablations(data):
+    """M8: (a) dispersion sweep, (b) PaTH vs PaTH-FoX, (c) NTK-scaled RoPE."""
+    plt = setup()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    sweep = data.get("dispersion_sweep", [])
+    if sweep:
+        axes[0].plot([s["tau"] for s in sweep], [s["ppl_ratio_max_L"] for s in sweep], "o-")
+        for s in sweep:
+            axes[0].annotate(s["variant"], (s["tau"], s["ppl_ratio_max_L"]), fontsize=6)
+    axes[0].set(yscale="log", xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)",
+                ylabel="r at the longest L", title="(a) more dispersion, more mixing")
+    for key, ax, title in (("far_mass_control", axes[1], "(b) far-mass control: PaTH vs PaTH-FoX"),
+                           ("ntk", axes[2], "(c) NTK-scaled RoPE")):
+        for i, (v, r) in enumerate(data.get(key, {}).items()):
+            ax.plot(r["lengths"], _arr(r["ppl_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
+        ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="PPL(L) / PPL(L_train)", title=title)
+        ax.legend(fontsize=6)
+    return fig
