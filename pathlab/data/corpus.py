@@ -242,8 +242,9 @@ def _build_openwebtext(folder: Path, tokenizer, progress: bool, raw: Path, n_sha
     return {"train": train.info, "val": val.info}, sources
 
 
-def describe(name_or_dir: str | Path, file=sys.stdout) -> None:
+def describe(name_or_dir: str | Path, file=None) -> None:
     """Print a short summary of a prepared corpus."""
+    file = file or sys.stdout
     meta = corpus_meta(name_or_dir)
     print(f"{meta['name']} ({corpus_dir(name_or_dir)}), tokenizer {meta['tokenizer']['name']}", file=file)
     for split, info in meta["splits"].items():
