@@ -51,13 +51,21 @@ def load_benchmarks(folder) -> tuple[list[dict], list[str]]:
 
 
 def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
-    """Rows (method, T, H, D, times, ratio to SDPA, anchors), correctness errors and the claims."""
+    """Rows (method, T, H, D, times, ratio to SDPA, anchors), correctness errors and the claims.
+
+    When several result files measure the same case, the most recent run (its ``started`` time) wins.
+    """
     rows, correctness = [], {}
+    results = sorted(results, key=lambda r: (str(r.get("started", "")), r["file"]), reverse=True)
+    seen, seen_checks = set(), set()
     for res in results:
         cases = [c for c in res["cases"] if "fwd_bwd_ms" in c and c.get("fwd_bwd_ms") is not None]
         sdpa = {(c["T"], c["H"], c["D"]): c["fwd_bwd_ms"] for c in cases if c["method"] == "sdpa"}
         for c in cases:
             key = (c["method"], c["T"], c["H"], c["D"])
+            if key in seen:
+                continue
+            seen.add(key)
             anchor = ANCHORS.get(key) or (ANCHORS.get(("fla_" + c["method"], c["T"], c["H"], c["D"]))
                                           if c["method"] in ("path", "path_fox") else None)
             base = sdpa.get((c["T"], c["H"], c["D"]))
@@ -66,8 +74,11 @@ def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
                          "peak_mib": c.get("peak_mib"), "ratio_to_sdpa": c["fwd_bwd_ms"] / base if base else None,
                          "anchor_public_fwd_bwd_ms": anchor[1] if anchor else None})
         for name, errs in res.get("correctness", {}).items():
-            correctness[f"{res['file']}:{name}"] = errs
-    data = {"rows": rows, "correctness": correctness, "notes": notes, "tolerances": TOLERANCES,
+            if name not in seen_checks:
+                seen_checks.add(name)
+                correctness[f"{res['file']}:{name}"] = errs
+    rows.sort(key=lambda r: (r["H"], r["D"], r["T"], r["method"]))
+    data = {"files": [r["file"] for r in results], "rows": rows, "correctness": correctness, "notes": notes, "tolerances": TOLERANCES,
             "anchors": [{"method": k[0], "T": k[1], "H": k[2], "D": k[3], "fwd_ms": v[0], "fwd_bwd_ms": v[1],
                          "peak_mib": v[2]} for k, v in ANCHORS.items()]}
     claims = {"benchmark_results_present": bool(rows)}
