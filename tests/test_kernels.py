@@ -151,3 +151,37 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         path_attention_triton(q, k, v, w, beta)
+
+
+def test_auto_backend_falls_back_with_one_warning(monkeypatch):
+    """On CUDA without a usable kernel, ``backend="auto"`` picks the blockwise path and warns once."""
+    import warnings
+
+    import pathlab.ops.path as dispatch
+
+    monkeypatch.setattr(dispatch, "_triton_kernel", lambda: ImportError("no triton here"))
+    monkeypatch.setattr(dispatch, "_warned_fallback", False)
+    cuda = torch.device("cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert dispatch.resolve_backend("auto", cuda) == "torch"
+        assert dispatch.resolve_backend("auto", cuda) == "torch"
+    assert len([w for w in caught if "blockwise" in str(w.message)]) == 1
+    monkeypatch.setattr(dispatch, "_triton_kernel", lambda: path_attention_triton)
+    assert dispatch.resolve_backend("auto", cuda) == "triton"
+    assert dispatch.resolve_backend("auto", torch.device("cpu")) == "torch"  # never a T×T path
+
+
+def test_gate_offsets_keep_precision_over_long_sequences():
+    """G_i − G_j from (fp64 chunk offset + fp32 local cumsum) matches an fp64 cumsum at 100K tokens."""
+    from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
+
+    T, BT = 100_003, 64
+    g = torch.nn.functional.logsigmoid(3 + torch.randn(1, T, 1, dtype=torch.float64))
+    layout = build_layout(1, T, BT, "cpu")
+    local, offset = chunk_gate(to_chunks(g.float(), layout), layout)
+    G = (offset[..., None] + local.double()).reshape(-1)[:T]
+    exact = torch.cumsum(g[0, :, 0], 0)
+    i, j = torch.randint(0, T, (2, 1000))
+    err = ((G[i] - G[j]) - (exact[i] - exact[j])).abs().max()
+    assert err < 1e-5, err  # a plain fp32 cumsum is off by ~4e-4 here (|G| reaches 7.5e3)
