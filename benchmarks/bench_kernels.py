@@ -312,6 +312,8 @@ def main(argv=None):
     ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
+    ap.add_argument("--time-budget", type=float, default=0.0,
+                    help="seconds; cases that would start after this are recorded as skipped (0 = no limit)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
@@ -352,7 +354,19 @@ def main(argv=None):
             if errs is not None:
                 result["correctness"][f"{m}-{H}x{D}"] = errs
                 print(m, H, D, json.dumps(errs), flush=True)
+    if args.decode:  # cheap: before the long cases, so a time limit never loses it
+        H, D = (int(x) for x in args.decode_shape.split("x"))
+        try:
+            result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device)
+        except Exception as err:  # noqa: BLE001
+            result["decode"] = [{"error": f"{type(err).__name__}: {err}"}]
+            print(result["decode"], flush=True)
+        _write(args.out, result)
+    t0 = time.time()
     for T, H, D in cases:
+        if args.time_budget and time.time() - t0 > args.time_budget:
+            result["cases"].append(dict(T=T, H=H, D=D, skipped=f"time budget of {args.time_budget} s spent"))
+            continue
         for kind, var in (("fwd", "PATHLAB_PATH_FWD"), ("fwd_bwd", "PATHLAB_PATH_BWD")):
             if (kind, D) in chosen:
                 os.environ[var] = chosen[(kind, D)]
@@ -360,13 +374,6 @@ def main(argv=None):
                 os.environ.pop(var, None)
         result["cases"].extend(bench_case(T, H, D, methods, device, args.tokens))
         _write(args.out, result)
-    if args.decode:
-        H, D = (int(x) for x in args.decode_shape.split("x"))
-        try:
-            result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device)
-        except Exception as err:  # noqa: BLE001
-            result["decode"] = [{"error": f"{type(err).__name__}: {err}"}]
-            print(result["decode"], flush=True)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _write(args.out, result)
     return 0
