@@ -138,3 +138,13 @@ def test_suite_falls_back_to_blockwise_path_when_the_kernel_fails(monkeypatch):
     assert calls == [None, "torch"] and "kernel exploded" in rec["fallback"]
     with pytest.raises(RuntimeError):
         suite._job("mqrar", "rope", "tiny-cpu", {}, {"n_back": 2})  # no fallback for other variants
+
+
+def test_cli_sweep_a5(tmp_path, capsys):
+    from pathlab.cli import main
+
+    out = tmp_path / "sweep.json"
+    assert main(["tasks", "sweep-a5", "--profile", "tiny-cpu", "--attentions", "rope", "--lengths", "2",
+                 "--layers", "1", "--out", str(out), "steps=2", "eval_every=2"]) == 0
+    assert json.loads(capsys.readouterr().out.split("wrote")[0]) == {"rope": {"2": None}}
+    assert json.loads(out.read_text())["command"].startswith("pathlab ")

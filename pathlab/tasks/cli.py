@@ -85,6 +85,10 @@ def _command(argv=None) -> str:
     return "pathlab " + " ".join(shlex.quote(a) for a in argv)
 
 
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlab.tasks.settings import parse_overrides, resolve_settings
 
@@ -109,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
             out = args.out or Path("runs") / "tasks" / args.profile / "a5_sweep.json"
             sweep_a5(profile=args.profile, attentions=args.attentions, lengths=args.lengths, layers=args.layers,
-                     out=out, workers=args.workers, overrides=parse_overrides(args.overrides), command=_command())
+                     out=out, workers=args.workers, overrides=parse_overrides(args.overrides), command=_command(),
+                     log=_log)
             print(json.dumps(min_layers_table(out), indent=1))
             print(f"wrote {out}")
             return 0
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 per_task.setdefault(task, []).append(kv)
             out_dir = args.out_dir or Path("runs") / "tasks" / args.profile
             paths = run_suite(profile=args.profile, attentions=args.attentions, tasks=args.tasks, out_dir=out_dir,
-                              workers=args.workers, command=_command(),
+                              workers=args.workers, command=_command(), log=_log,
                               overrides={t: parse_overrides(v) for t, v in per_task.items()})
             for p in paths.values():
                 print(f"wrote {p}")
