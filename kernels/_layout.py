@@ -29,7 +29,6 @@ class ChunkLayout:
     chunk_index: torch.Tensor  # int32 [NC]
     chunk_first: torch.Tensor  # int32 [NC]
     order: torch.Tensor  # int32 [NC]: chunks by decreasing chunk_index (longest scans first)
-    seq_of_chunk: torch.Tensor  # int64 [NC]
     token_of_slot: torch.Tensor | None  # int64 [NC·BT]: flat token index, or n_tokens for padding
     slot_of_token: torch.Tensor | None  # int64 [n_tokens]
 
@@ -46,7 +45,6 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
         n_per = -(-length // chunk)
         c = torch.arange(n_per, dtype=torch.int32).repeat(batch)
         first = (torch.arange(batch, dtype=torch.int32) * n_per).repeat_interleave(n_per)
-        seq = torch.arange(batch).repeat_interleave(n_per)
         lengths = [length] * batch
         simple = True
     else:
@@ -56,7 +54,6 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
         c = torch.cat([torch.arange(n, dtype=torch.int32) for n in n_per_seq])
         offsets = torch.tensor([0] + n_per_seq[:-1]).cumsum(0)
         first = torch.cat([torch.full((n,), int(o), dtype=torch.int32) for n, o in zip(n_per_seq, offsets)])
-        seq = torch.cat([torch.full((n,), s) for s, n in enumerate(n_per_seq)])
         simple = False
     nc = int(c.numel())
     order = torch.argsort(c, descending=True, stable=True).to(torch.int32)
@@ -77,9 +74,11 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
     layout = ChunkLayout(
         chunk=chunk, n_chunks=nc, max_chunks=int(c.max()) + 1 if nc else 1, batch=batch, length=length,
         simple=simple, chunk_index=c.to(device), chunk_first=first.to(device), order=order.to(device),
-        seq_of_chunk=seq.to(device), token_of_slot=token_of_slot, slot_of_token=slot_of_token,
+        token_of_slot=token_of_slot, slot_of_token=slot_of_token,
     )
     if cu_seqlens is None:
+        if len(_CACHE) >= 64:  # padded layouts are reused across steps; keep a bounded set
+            _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = layout
     return layout
 
