@@ -39,6 +39,9 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
     assert data["mqrar_accuracy"]["fox"] == {2: 0.6, 3: 0.2}
     assert all(report.state_tracking_claims(data).values()) and len(report.state_tracking_claims(data)) == 5
     assert "| PaTH | 0% / 0% | 0.05% / 0.0001% |" in report.format_flipflop_table(data["flipflop"])
+    digest = report.summary_markdown(good)
+    assert "| RoPE | 2 | — |" in digest and "| PaTH | 100.0% | 90.0% | 80.0% |" in digest
+    assert "`a5_path_needs_no_more_layers_than_rope`: held" in digest
 
     bad = _suite(tmp_path, {"path": (0.002, 0.01, 0.0), "rope": (0.07, 0.015, 0.0)},
                  {"path": {2: 0.5, 3: 0.8}, "rope": {2: 0.6, 3: 0.3}, "fox": {2: 0.1, 3: 0.1}},

@@ -241,3 +241,32 @@ def plot_state_tracking(data: Mapping):
     ax.set_title("MQRAR-N")
     ax.legend()
     return fig
+
+
+def summary_markdown(folder: str | Path) -> str:
+    """A Markdown digest of one suite folder: the flip-flop table, A5 minimum layers, MQRAR-N accuracy, claims."""
+    data = state_tracking_data(folder)
+    parts = []
+    if "flipflop" in data:
+        parts += ["**Flip-flop read error (ours / PaTH Table 1)**", "", format_flipflop_table(data["flipflop"]), ""]
+    if "a5_min_layers" in data:
+        lengths = sorted({k for t in data["a5_min_layers"].values() for k in t})
+        parts += ["**A5: minimum layers with sequence accuracy > 90%** (— = none of "
+                  f"{data.get('a5_layers_tried')})", "",
+                  "| model | " + " | ".join(f"k={k}" for k in lengths) + " |",
+                  "|---|" + "---|" * len(lengths)]
+        for att, t in data["a5_min_layers"].items():
+            parts.append(f"| {_label(att)} | " + " | ".join(str(t.get(k) or "—") for k in lengths) + " |")
+        parts.append("")
+    if "mqrar_accuracy" in data:
+        ns = sorted({n for t in data["mqrar_accuracy"].values() for n in t})
+        parts += ["**MQRAR-N answer accuracy**", "", "| model | " + " | ".join(f"N={n}" for n in ns) + " |",
+                  "|---|" + "---|" * len(ns)]
+        for att, t in data["mqrar_accuracy"].items():
+            parts.append(f"| {_label(att)} | " + " | ".join(
+                f"{100 * t[n]:.1f}%" if n in t else "—" for n in ns) + " |")
+        parts.append("")
+    claims = state_tracking_claims(data)
+    if claims:
+        parts += ["**Claims**", ""] + [f"- `{k}`: {'held' if v else 'NOT held'}" for k, v in claims.items()]
+    return "\n".join(parts) + "\n"
