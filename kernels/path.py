@@ -166,8 +166,6 @@ def _check(q, k, v, w, beta, g, cu_seqlens):
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
