@@ -146,6 +146,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "build/figures-fast/<profile>/ with --fast)")
     parser.add_argument("--notebooks", default="notebooks", help="folder of notebooks (default: notebooks)")
     parser.add_argument("--build-dir", default="build/notebooks", help="executed copies (default: build/notebooks)")
+    parser.add_argument("--variants", default=None, metavar="A,B,...",
+                        help="restrict the model-based figures to these trained variants (default: all they use)")
     parser.add_argument("--list", action="store_true", help="list the notebooks and the runs they need, then exit")
 
 
@@ -171,6 +173,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{p.stem:<24} {'needs runs: ' + ', '.join(variants) if variants else 'synthetic'}")
         return 0
 
+    wanted = None
+    if args.variants:
+        from pathlab.probes.runs import VARIANTS
+
+        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+        unknown = [v for v in wanted if v not in VARIANTS]
+        if unknown:
+            print(f"pathlab figures: unknown variants {unknown}; known: {', '.join(VARIANTS)}", file=sys.stderr)
+            return 2
+
     out_dir = Path(args.out_dir or default_out_dir(args.profile, args.fast))
     out_dir = out_dir if out_dir.is_absolute() else root / out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
 
         if args.fast:
             needed = [v for v in needed if v in runs.FAST_VARIANTS]
+        if args.variants:
+            needed = [v for v in needed if v in wanted]
 
         try:
             runs.ensure_runs(args.profile, needed, fast=args.fast, progress=True)
@@ -196,8 +210,10 @@ def run(args: argparse.Namespace) -> int:
     for n, path in enumerate(notebooks, 1):
         print(f"[{n}/{len(notebooks)}] {path.stem} ...", flush=True)
         start = time.time()
-        ok, error = run_notebook(path, build_dir / path.name,
-                                 {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(out_dir)}, root)
+        params = {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(out_dir)}
+        if args.variants:
+            params["variants"] = args.variants
+        ok, error = run_notebook(path, build_dir / path.name, params, root)
         seconds = time.time() - start
         rows.append({"name": path.stem, "status": "ok" if ok else "FAILED", "seconds": seconds, "error": error,
                      "results": collect_results(out_dir, start) if ok else []})

@@ -73,7 +73,7 @@ def plot_tails(data):
         x = _arr(e["t_over_scale"]) * math.sqrt(int(d))
         ax.plot(x, _arr(e["tail_haar"]), "C0", label="Haar transport (empirical)")
         ax.plot(x, _arr(e["tail_block"]), "C1", label="block SO(2) (empirical)")
-        ax.plot(x, _arr(e["bound_sphere"]), "C0--", lw=0.9, label="sphere e^{−d u²/2}")
+        ax.plot(x, _arr(e["bound_sphere"]), "C0--", lw=0.9, label="sphere exp(−d u²/2)")
         ax.plot(x, _arr(e["bound_levy"]), "C2:", lw=0.9, label="Lévy, c = 1/8")
         ax.plot(x, _arr(e["bound_hoeffding"]), "C1--", lw=0.9, label="Hoeffding")
         ax.set(yscale="log", ylim=(1e-5, 1.5), xlabel="t · √d / (‖q‖‖k‖)",
@@ -90,10 +90,10 @@ def plot_toy_far_mass(data):
     """M4 toy model: simulated ρ_D vs the logistic M_L/(M_L + e^Γ), with SPEC's values."""
     plt = setup()
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.plot(data["m_far"], _arr(data["formula"]), "k-", lw=1, label="M_L / (M_L + K e^{a−σ²/2})")
+    ax.plot(data["m_far"], _arr(data["formula"]), "k-", lw=1, label="M_L / (M_L + K·exp(a − σ²/2))")
     ax.plot(data["m_far"], _arr(data["simulated"]), "o", ms=4, label=f"simulated ({data['trials']} trials)")
     ax.plot(data["spec_m_far"], data["spec_far_mass"], "x", ms=8, color="C3", label="SPEC [SIM]")
-    ax.axvline(math.exp(data["gap"]), color="grey", ls=":", lw=0.8, label="midpoint e^Γ")
+    ax.axvline(math.exp(data["gap"]), color="grey", ls=":", lw=0.8, label="midpoint exp(Γ)")
     ax.set(xscale="log", xlabel="far tokens M_L", ylabel="far mass ρ_D",
            title=f"M4 toy model: K={data['K']} near keys at s={data['near_score']}, far s~N(0,{data['far_sigma']}²)")
     ax.legend()
@@ -169,7 +169,7 @@ def plot_learned(data):
     ax.set(xscale="log", xlabel=f"mixing window W(ε={data['eps']}) of a block", ylabel="blocks (layers × heads)",
            title="M2: learned mixing windows (training length)")
     ax.legend(fontsize=6)
-    axes[1].set(xlabel="block b", ylabel="γ_b = |mean e^{iθ}| (median over layers, heads)", ylim=(0, 1.05),
+    axes[1].set(xlabel="block b", ylabel="γ_b = |mean exp(iθ)| (median over layers, heads)", ylim=(0, 1.05),
                 title="per-block spectral gap")
     axes[1].legend(fontsize=6)
     ax = axes[2]
@@ -203,7 +203,7 @@ def plot_scores_model(data):
         axes[0, c].set(xscale="log", title=v, xlabel="distance n")
         axes[1, c].set(xscale="log", xlabel="distance n")
     axes[0, 0].set_ylabel("μ(n) ± σ(n), layer 0 (median head)")
-    axes[1, 0].set_ylabel("log m(n) = log E e^s")
+    axes[1, 0].set_ylabel("log m(n) = log E exp(s)")
     axes[0, 0].legend(fontsize=6)
     fig.suptitle("M3: score statistics against distance (dotted: near-set width W)", fontsize=9)
     return fig
@@ -234,7 +234,7 @@ def plot_bound_model(data):
         Ls = sorted(rows, key=int)
         ax2.plot([int(L) for L in Ls], [rows[L]["lam_median"] for L in Ls], "o-", ms=3, color=f"C{i}", label=v)
     ax.plot([0, 1], [0, 1], "k--", lw=0.8)
-    ax.set(xlabel="bound M_L / (M_L + K e^{2λ})", ylabel="measured far mass ρ_D", xlim=(-0.02, 1.02),
+    ax.set(xlabel="bound M_L / (M_L + K·exp(2λ))", ylabel="measured far mass ρ_D", xlim=(-0.02, 1.02),
            ylim=(-0.02, 1.02), title="M5: every query lies above the diagonal")
     ax.legend(fontsize=6, markerscale=3)
     ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median λ = max_j |s_ij|",

@@ -91,3 +91,22 @@ def test_default_out_dirs_and_project_path(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text("")
     monkeypatch.chdir(tmp_path / "notebooks")  # as in JupyterLab
     assert figures.project_path("figures") == tmp_path / "figures"
+
+
+def test_variants_option_and_variants_for(tmp_path, capsys):
+    from pathlab.probes import study
+
+    nb = tmp_path / "m.ipynb"
+    _notebook(nb, "pass")
+    book = nbformat.read(nb, as_version=4)
+    book.metadata["pathlab"] = {"variants": ["rope"]}
+    nbformat.write(book, nb)
+    assert figures.notebook_variants(nb) == ["rope"]
+    assert figures.run(_args(notebooks=str(tmp_path), variants="rope,bogus", out_dir=str(tmp_path / "o"))) == 2
+    assert "unknown variants ['bogus']" in capsys.readouterr().err
+    assert study.variants_for("value_incoherence", False, only="rot_random_qkv") == ["rot_random_qkv"]
+    assert study.variants_for("far_mass", True) == ["rope", "alibi", "rot_random_qk", "rot_random_qkv"]
+    with pytest.raises(ValueError, match="variants"):
+        study.variants_for("far_mass", False, only=["nope?"])
+    with pytest.raises(ValueError, match="unknown figure"):
+        study.variants_for("nothing", False)

@@ -43,11 +43,18 @@ FIGURE_VARIANTS = {
 }
 
 
-def variants_for(figure: str, fast: bool) -> list[str]:
-    """The trained variants a figure uses (fast: the CI subset)."""
+def variants_for(figure: str, fast: bool, only=None) -> list[str]:
+    """The trained variants a figure uses (fast: the CI subset; ``only``: a list or comma string to restrict to)."""
     if figure not in FIGURE_VARIANTS:
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURE_VARIANTS)}")
-    return [v for v in FIGURE_VARIANTS[figure] if not fast or v in runs.FAST_VARIANTS]
+    chosen = [v for v in FIGURE_VARIANTS[figure] if not fast or v in runs.FAST_VARIANTS]
+    if only is not None:
+        only = [x.strip() for x in only.split(",")] if isinstance(only, str) else list(only)
+        unknown = [v for v in only if v not in runs.VARIANTS]
+        if unknown:
+            raise ValueError(f"variants: unknown {unknown}; known: {', '.join(runs.VARIANTS)}")
+        chosen = [v for v in chosen if v in only]
+    return chosen
 
 
 FAST = {"lengths": [256, 768], "n_windows": 1, "n_queries": 8, "span": 64, "near": [32, 128], "angle_lag": 255}
