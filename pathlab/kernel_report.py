@@ -99,7 +99,7 @@ def plot_kernels(data):
 
     plt = setup()
     shapes = sorted({(r["H"], r["D"]) for r in data["rows"]}) or sorted({(a["H"], a["D"]) for a in data["anchors"]})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.2), squeeze=False)
     methods = sorted({r["method"] for r in data["rows"]} | {a["method"] for a in data["anchors"]})
     for ax, (H, D) in zip(axes[0], shapes):
         for i, m in enumerate(methods):
@@ -112,11 +112,17 @@ def plot_kernels(data):
                 ax.plot(*zip(*anchors), "x", ms=7, color=f"C{i}", label=f"{m} (SPEC anchor)")
         ax.set(xscale="log", yscale="log", xlabel="sequence length T (B·T = 32,768)", ylabel="fwd+bwd ms (bf16)",
                title=f"H×D = {H}×{D}")
-        ax.legend(fontsize=6)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside right upper", fontsize=6)
+    title = "Kernel performance on one H200"
     if not data["rows"]:
-        axes[0][0].text(0.5, 0.5, "\n".join(data["notes"]), transform=axes[0][0].transAxes, ha="center",
-                        va="center", fontsize=7, wrap=True, bbox={"fc": "w", "ec": "0.5"})
-    fig.suptitle("Kernel performance on one H200", fontsize=9)
+        title += " — only the public-kernel anchors are shown:\n" + "\n".join(data["notes"])
+    fig.suptitle(title, fontsize=8)
     return fig
 
 
