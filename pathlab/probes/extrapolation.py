@@ -33,6 +33,7 @@ def per_position_loss(model, windows: torch.Tensor, chunk: int = 2048) -> np.nda
     """Cross-entropy of token t + 1 given tokens ≤ t, per position, mean over windows: ``windows [B, L + 1]`` ->
     ``[L]`` (fp64 numpy)."""
     model.eval()
+    windows = windows.to(next(model.parameters()).device)
     idx, targets = windows[:, :-1], windows[:, 1:]
     x = model.drop(model.wte(idx))
     for block in model.blocks:

@@ -72,9 +72,9 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
 
     def callback(layer, module, q, k, v, x, idx):
         if hasattr(module, "angles") and angle_lag:
-            thetas[layer].append(module.angles(x, idx).detach().cpu())
-        res = scores.probe_layer(module, q.cpu(), k.cpu(), v.cpu(), x.cpu(), None if idx is None else idx.cpu(),
-                                 positions[start:start + q.shape[0]], edges=edges, windows=near_windows, chunk=chunk)
+            thetas[layer].append(module.angles(x, idx).detach().float().cpu())
+        res = scores.probe_layer(module, q, k, v, x, idx, positions[start:start + q.shape[0]], edges=edges,
+                                 windows=near_windows, chunk=chunk)
         for acc, _ in res:
             per_bin[layer].append(acc)
             per_query[layer].append(acc.per_query())

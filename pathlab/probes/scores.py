@@ -70,6 +70,7 @@ def prepare_layer(module, q, k, v, x, idx, b: int, memo: dict | None = None) -> 
     the model's forward, and kept in ``memo`` across the windows of a batch.
     """
     memo = {} if memo is None else memo
+    cpu = torch.device("cpu")  # the streamed math runs on the CPU in fp64; module tensors are computed on x's device
     from pathlab.attention.alibi import ALiBi
     from pathlab.attention.fox import FoX
     from pathlab.attention.path import PaTH
@@ -78,15 +79,16 @@ def prepare_layer(module, q, k, v, x, idx, b: int, memo: dict | None = None) -> 
 
     H, D = q.shape[2], q.shape[3]
     scale = D ** -0.5
-    qb = q[b].to(F64)
-    kb = expand_kv_heads(k, H)[b].to(F64)
-    vb = expand_kv_heads(v, H)[b].to(F64)
+    qb = q[b].to(cpu, F64)
+    kb = expand_kv_heads(k, H)[b].to(cpu, F64)
+    vb = expand_kv_heads(v, H)[b].to(cpu, F64)
     T = qb.shape[0]
     if isinstance(module, PaTH):
         if "path" not in memo:
-            memo["path"] = module.path_inputs(x)  # whole batch: identical rounding to the model's own forward
+            w, beta, g = module.path_inputs(x)  # whole batch: identical rounding to the model's own forward
+            memo["path"] = (normalize_w(w).to(cpu), beta.to(cpu), None if g is None else g.to(cpu))
         w, beta, g = memo["path"]
-        w = expand_kv_heads(normalize_w(w), H)[b].to(F64)
+        w = expand_kv_heads(w, H)[b].to(F64)
         beta = expand_kv_heads(beta, H)[b].to(F64)
         gate = torch.cumsum(g[b].to(F64), 0) if g is not None else None
         return PreparedLayer("path", qb, kb, vb, scale, w=w, beta=beta, gate_sum=gate)
@@ -96,16 +98,16 @@ def prepare_layer(module, q, k, v, x, idx, b: int, memo: dict | None = None) -> 
             rot_v = False
         else:
             if "phase" not in memo:
-                memo["phase"] = accumulate_phases(module.angles(x, idx), dim=1)
+                memo["phase"] = accumulate_phases(module.angles(x, idx), dim=1).to(cpu)
             phase = memo["phase"][b]
             rot_v = module.rotate_values
         return PreparedLayer("dot", rotate(qb, -phase), rotate(kb, -phase), rotate(vb, -phase) if rot_v else vb,
                              scale, phase=phase, q_raw=qb, k_raw=kb, rotate_values=rot_v)
     if isinstance(module, ALiBi):
-        return PreparedLayer("dot", qb, kb, vb, scale, slopes=module.slopes.to(F64))
+        return PreparedLayer("dot", qb, kb, vb, scale, slopes=module.slopes.to(cpu, F64))
     if isinstance(module, FoX):
         if "gate" not in memo:
-            memo["gate"] = module.gate(x)
+            memo["gate"] = module.gate(x).to(cpu)
         return PreparedLayer("dot", qb, kb, vb, scale, gate_sum=torch.cumsum(memo["gate"][b].to(F64), 0))
     if type(module).__name__.lower().startswith("nope"):
         return PreparedLayer("dot", qb, kb, vb, scale)
@@ -351,11 +353,11 @@ def probe_layer(module, q, k, v, x, idx, positions, *, edges, windows, chunk: in
             mean_v = layer.v.mean(0) if not layer.rotate_values else None
             if layer.rotate_values:
                 # b̂ is the mean of the raw values; the sums carry R(−Φ_j) b̂ for each key, handled per chunk below
-                mean_v = expand_kv_heads(v, q.shape[2])[b].to(F64).mean(0)
+                mean_v = expand_kv_heads(v, q.shape[2])[b].to("cpu", F64).mean(0)
             bg = mean_v
-        acc = ScoreAccumulator(positions[b], q.shape[2], edges, windows, layer.v.shape[-1],
+        acc = ScoreAccumulator(positions[b].cpu(), q.shape[2], edges, windows, layer.v.shape[-1],
                                background=None if layer.rotate_values else bg)
-        for j0, s, raw in iter_logit_chunks(layer, positions[b], chunk):
+        for j0, s, raw in iter_logit_chunks(layer, positions[b].cpu(), chunk):
             C = s.shape[-1]
             acc.update(j0, s, raw, layer.v[j0:j0 + C])
             if layer.rotate_values and bg is not None:

@@ -68,6 +68,13 @@ def settings(profile: str, fast: bool) -> dict:
     return dict(FAST if fast else SETTINGS[profile])
 
 
+def probe_device() -> str:
+    """Where the models run for the probes: the GPU when there is one (the streamed statistics stay on the CPU)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _fingerprint(run: Path, params: dict) -> str:
     ckpt = run / "ckpt.pt"
     stat = ckpt.stat()
@@ -119,7 +126,7 @@ def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, p
                     out[v][L] = _unflatten(arrays)
                 continue
             if model is None:
-                model, run_cfg = load_run(dirs[v])
+                model, run_cfg = load_run(dirs[v], device=probe_device())
             windows = runs.validation_windows(run_cfg, L, cfg["n_windows"], seed)
             res = measure_model(model, windows, n_queries=cfg["n_queries"], span=min(cfg["span"], L),
                                 near_windows=cfg["near"], angle_lag=min(cfg["angle_lag"], L - 1), seed=seed)
@@ -328,7 +335,7 @@ def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, n
         if path.exists():
             out.update(json.loads(path.read_text()))
             continue
-        model, run_cfg = load_run(dirs[v])
+        model, run_cfg = load_run(dirs[v], device=probe_device())
         res = length_curves({v: (model, run_cfg)},
                             lambda c, n: runs.validation_windows(c, n, cfg["n_windows"], seed), cfg["lengths"],
                             ntk=ntk)
