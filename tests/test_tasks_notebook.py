@@ -53,7 +53,7 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
                       "mqrar_path_above_rope_and_fox_for_n_2_and_3": False,
                       "a5_path_needs_no_more_layers_than_rope": False}
     fig = report.plot_state_tracking(report.state_tracking_data(bad))
-    assert len(fig.axes) == 3
+    assert len(fig.axes) == 4
 
 
 def test_find_results_prefers_complete_folders(tmp_path):
