@@ -82,13 +82,41 @@ def teardown() -> None:
 
 
 def wrap_model(model: torch.nn.Module, ctx: DistContext, strategy: str = "ddp") -> torch.nn.Module:
-    """DistributedDataParallel (default) or FullyShardedDataParallel around ``model`` when world > 1."""
+    """DistributedDataParallel (default) or FSDP2 (``fully_shard`` per block, then the root) when world > 1.
+
+    With ``"fsdp"`` the parameters become sharded DTensors, so build the optimiser after this call and save or
+    load states through :func:`full_state_dicts` / :func:`load_full_state_dicts`.
+    """
     if not ctx.enabled:
         return model
     if strategy == "fsdp":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
-        return FSDP(model, device_id=ctx.device if ctx.device.type == "cuda" else None, use_orig_params=True)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+    """Unsharded model and optimiser state dicts (a collective call for sharded models; CPU tensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state_dicts(model: torch.nn.Module, optimizer, model_state: dict, optim_state: dict) -> None:
+    """Load unsharded states (as saved by :func:`full_state_dicts`) into a sharded model and its optimiser."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True))

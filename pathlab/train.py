@@ -275,16 +275,27 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
 
     torch.manual_seed(tcfg["seed"])
     model = build_model(ModelConfig.from_dict(cfg["model"])).to(ctx.device)
-    optimizer = make_optimizer(model, ocfg, ctx.device)
+    fsdp = ctx.enabled and tcfg["distributed"] == "fsdp"
     start = 0
     if ckpt is not None:
         model.load_state_dict(_clean_state_dict(ckpt["model"]))
-        optimizer.load_state_dict(ckpt["optimizer"])
+    compile_flag = tcfg["compile"] if tcfg["compile"] != "auto" else ctx.device.type == "cuda"
+    if fsdp:  # shard first (parameters become DTensors), then compile the sharded blocks
+        net = distributed.wrap_model(model, ctx, "fsdp")
+        if compile_flag:
+            for block in model.blocks:
+                block.compile()
+    else:
+        net = torch.compile(model) if compile_flag else model
+        net = distributed.wrap_model(net, ctx, "ddp")
+    optimizer = make_optimizer(model, ocfg, ctx.device)
+    if ckpt is not None:
+        if fsdp:
+            distributed.load_full_state_dicts(model, optimizer, _clean_state_dict(ckpt["model"]), ckpt["optimizer"])
+        else:
+            optimizer.load_state_dict(ckpt["optimizer"])
         start = int(ckpt["step"])
         set_rng_state(ckpt["rng"])
-    compile_flag = tcfg["compile"] if tcfg["compile"] != "auto" else ctx.device.type == "cuda"
-    net = torch.compile(model) if compile_flag else model
-    net = distributed.wrap_model(net, ctx, tcfg["distributed"])
     autocast = _autocast(cfg, ctx.device)
 
     train_tokens = load_tokens(corpus_folder, "train")
@@ -307,9 +318,13 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
     log = _MetricsLog(run_dir / "metrics.jsonl", ctx.is_main, keep_before=start if resume else 0)
 
     def checkpoint(step: int) -> None:
+        if fsdp:  # every rank takes part in gathering the shards
+            model_state, optim_state = distributed.full_state_dicts(model, optimizer)
+        else:
+            model_state, optim_state = _unwrap(net).state_dict(), optimizer.state_dict()
         if ctx.is_main:
             save_checkpoint(ckpt_path, {
-                "model": _clean_state_dict(_unwrap(net).state_dict()), "optimizer": optimizer.state_dict(),
+                "model": _clean_state_dict(model_state), "optimizer": optim_state,
                 "step": step, "rng": rng_state(), "sampler": sampler.state(step), "config": cfg,
                 "config_hash": config_hash(cfg, RESUME_MAY_CHANGE), "model_config": cfg["model"],
                 "tokenizer": meta["tokenizer"],
@@ -338,7 +353,9 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
             for j, micro in enumerate(micro_ids):
                 x, y = sampler.batch(it, micro, ctx.device)
                 sync = contextlib.nullcontext()
-                if ctx.enabled and j < accum_local - 1 and hasattr(net, "no_sync"):
+                if fsdp:
+                    net.set_requires_gradient_sync(j == accum_local - 1)
+                elif ctx.enabled and j < accum_local - 1 and hasattr(net, "no_sync"):
                     sync = net.no_sync()
                 with sync:
                     with autocast():
@@ -357,6 +374,8 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
             clip = ocfg["grad_clip"]
             params = [p for p in net.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+                grad_norm = grad_norm.full_tensor()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0

@@ -118,8 +118,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_matches_one_process(corpus, tmp_path):
-    cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one_process(corpus, tmp_path, strategy):
+    cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2, distributed=strategy)
     single = train(cfg, run_dir=tmp_path / "single", progress=False)
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
