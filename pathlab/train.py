@@ -270,6 +270,10 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
             f"{run_dir} already holds a checkpoint; pass resume=True (`--resume`) to continue that run, or choose "
             "another run directory (`--run-dir`); the existing checkpoint is left untouched"
         )
+    if ckpt is not None and int(ckpt["step"]) >= tcfg["max_iters"]:
+        if ctx.is_main:
+            print(f"{run_dir} is already complete ({ckpt['step']} iterations); nothing to do", flush=True)
+        return run_dir
     if tcfg["threads"] and ctx.device.type == "cpu":
         torch.set_num_threads(tcfg["threads"])
 

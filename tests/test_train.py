@@ -77,6 +77,9 @@ def test_resume_reproduces_uninterrupted_losses_exactly(corpus, tmp_path):
     ma, _ = load_run(full)
     mb, run_cfg = load_run(tmp_path / "cut")
     assert run_cfg["checkpoint_step"] == 8
+    stamp = (tmp_path / "cut" / "ckpt.pt").stat().st_mtime_ns
+    train(cfg, run_dir=tmp_path / "cut", progress=False, resume=True)  # a complete run: nothing to do
+    assert (tmp_path / "cut" / "ckpt.pt").stat().st_mtime_ns == stamp
     for (na, pa), (nb, pb) in zip(ma.state_dict().items(), mb.state_dict().items()):
         assert na == nb and torch.equal(pa, pb)
 
