@@ -66,8 +66,10 @@ def test_find_results_prefers_complete_folders(tmp_path):
 
 
 @pytest.mark.notebooks
-def test_state_tracking_notebook_fast(tmp_path):
+def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
     from pathlab.figures import collect_results, run_notebook
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits it: tiny models, one thread
 
     ok, error = run_notebook(ROOT / "notebooks" / "state_tracking.ipynb", tmp_path / "executed.ipynb",
                              {"profile": "tiny-cpu", "fast": True, "out_dir": str(tmp_path / "fig"),
