@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{n}/{len(notebooks)}] {path.stem} ...", flush=True)
         start = time.time()
         params = {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(out_dir)}
-        if args.variants:
+        if args.variants and notebook_variants(path):
             params["variants"] = args.variants
         ok, error = run_notebook(path, build_dir / path.name, params, root)
         seconds = time.time() - start
