@@ -43,6 +43,17 @@ FIGURE_VARIANTS = {
 }
 
 
+def run_info(profile: str, variants, *, fast: bool = False) -> dict:
+    """Per variant: iterations, final train/val loss and tokens of its run (from the run's ``summary.json``)."""
+    out = {}
+    for v in variants:
+        path = runs.run_dir(profile, v, fast) / "summary.json"
+        if path.is_file():
+            summary = json.loads(path.read_text())
+            out[v] = {k: summary.get(k) for k in ("iterations", "train_loss", "val_loss", "tokens", "parameters")}
+    return out
+
+
 def variants_for(figure: str, fast: bool, only=None) -> list[str]:
     """The trained variants a figure uses (fast: the CI subset; ``only``: a list or comma string to restrict to)."""
     if figure not in FIGURE_VARIANTS:
