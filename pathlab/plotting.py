@@ -28,6 +28,19 @@ def setup(style: str = "default"):
     return plt
 
 
+def length_axis(ax, lengths, log_y: bool = False):
+    """x ticks at the evaluation lengths (no minor labels); plain numbers on a log y axis."""
+    from matplotlib.ticker import NullFormatter
+
+    lengths = sorted({int(L) for L in lengths})
+    ax.set_xticks(lengths, [f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L) for L in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if log_y:
+        lo, hi = ax.dataLim.y0, ax.dataLim.y1
+        if lo > 0 and hi / lo < 10:  # less than a decade: a linear axis reads better
+            ax.set_yscale("linear")
+
+
 def _arr(x):
     return np.asarray([np.nan if v is None else v for v in x], dtype=float) if isinstance(x, list) else np.asarray(x)
 
@@ -219,6 +232,7 @@ def plot_far_mass_model(data):
         ax.plot(L, np.mean(_arr(r["predicted"]), axis=1), "--", color=f"C{i}", lw=0.9)
     ax.set(xscale="log", xlabel="evaluation length L", ylabel="far mass ρ_D (median head, mean layer)",
            ylim=(-0.02, 1.02), title="M4: far mass vs length (dashed: predicted from training-length Γ̂)")
+    length_axis(ax, [L for r in data["variants"].values() for L in r["lengths"]])
     ax.legend(fontsize=6)
     return fig
 
@@ -239,6 +253,7 @@ def plot_bound_model(data):
     ax.legend(fontsize=6, markerscale=3)
     ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median λ = max_j |s_ij|",
             title="bounded logits (rotations) vs unbounded (ALiBi, FoX gates)")
+    length_axis(ax2, [int(L) for rows in data["variants"].values() for L in rows], log_y=True)
     ax2.legend(fontsize=6)
     return fig
 
@@ -258,6 +273,7 @@ def plot_coherence_model(data):
     ax.legend(fontsize=6, markerscale=3)
     ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median ‖o_F‖ / ‖o_N‖",
             title="far-to-near output norm")
+    length_axis(ax2, [L for r in data["variants"].values() for L in r["lengths"]], log_y=True)
     ax2.legend(fontsize=6)
     return fig
 
@@ -303,5 +319,7 @@ def plot_ablations(data):
         for i, (v, r) in enumerate(data.get(key, {}).items()):
             ax.plot(r["lengths"], _arr(r["ppl_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
         ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="PPL(L) / PPL(L_train)", title=title)
+        if data.get(key):
+            length_axis(ax, [L for r in data[key].values() for L in r["lengths"]], log_y=True)
         ax.legend(fontsize=6)
     return fig
