@@ -229,7 +229,7 @@ class ScoreAccumulator:
         self.abs_max = z(m, H)
         self.o_far, self.o_near = z(m, H, value_dim), z(m, H, value_dim)
         self.b_far = z(m, H, value_dim)
-        self.background = background  # [H, Dv] b̂ as summed (pre-rotated for Q/K/V), or None
+        self.background = background  # [H, Dv] b̂ (its norm normalises κ), or None
 
     def _rescale(self, new_max):
         factor = torch.exp(torch.where(torch.isfinite(self.run_max), self.run_max - new_max,
@@ -243,8 +243,10 @@ class ScoreAccumulator:
         self.b_far *= factor[..., None]
         self.run_max = new_max
 
-    def update(self, j0: int, s: torch.Tensor, raw: torch.Tensor | None, values: torch.Tensor):
-        """s ``[m, H, C]`` logits (−inf where masked), raw the unrotated logits or None, values ``[C, H, Dv]``."""
+    def update(self, j0: int, s: torch.Tensor, raw: torch.Tensor | None, values: torch.Tensor,
+               background: torch.Tensor | None = None):
+        """s ``[m, H, C]`` logits (−inf where masked), raw the unrotated logits or None, values ``[C, H, Dv]`` as
+        summed, background ``[C, H, Dv]`` the transported background of each key (M6) or None."""
         m, H, C = s.shape
         j = torch.arange(j0, j0 + C)
         dist = self.positions[:, None] - j[None, :]  # [m, C]
@@ -295,8 +297,8 @@ class ScoreAccumulator:
             if wi == 0:
                 self.o_far += torch.einsum("mhc,chd->mhd", e * far, values)
                 self.o_near += torch.einsum("mhc,chd->mhd", e * near, values)
-                if self.background is not None:
-                    self.b_far += (e * far).sum(-1)[..., None] * self.background[None]
+                if background is not None:
+                    self.b_far += torch.einsum("mhc,chd->mhd", e * far, background)
 
     def per_query(self) -> dict:
         """Per-window arrays ``[n_windows, m, H]`` (numpy): far mass, gaps, λ, bound, M_eff; M6 ratios ``[m, H]``."""
@@ -339,42 +341,24 @@ class ScoreAccumulator:
 
 
 def probe_layer(module, q, k, v, x, idx, positions, *, edges, windows, chunk: int = 1024,
-                background: str | None = "window") -> list[tuple[ScoreAccumulator, PreparedLayer]]:
+                background: bool = True) -> list[tuple[ScoreAccumulator, PreparedLayer]]:
     """Run the streamed probes of one layer for every window ``b`` of the batch.
 
-    positions: ``[B, m]`` sampled query positions per window. background: "window" uses b̂ = mean of the window's
-    values (per head) as the coherent background of M6; None skips κ.
+    positions: ``[B, m]`` sampled query positions per window. With ``background``, b̂ = the mean of the window's
+    (untransported) values per head is the coherent background of M6: the far sum carries P_{j→i} b̂, i.e.
+    R(−Φ_j) b̂ before the final R(Φ_i) for Q/K/V rotations (a norm-preserving rotation, left out) and b̂ otherwise.
     """
     out, memo = [], {}
     for b in range(q.shape[0]):
         layer = prepare_layer(module, q, k, v, x, idx, b, memo)
-        bg = None
-        if background == "window":
-            mean_v = layer.v.mean(0) if not layer.rotate_values else None
-            if layer.rotate_values:
-                # b̂ is the mean of the raw values; the sums carry R(−Φ_j) b̂ for each key, handled per chunk below
-                mean_v = expand_kv_heads(v, q.shape[2])[b].to("cpu", F64).mean(0)
-            bg = mean_v
-        acc = ScoreAccumulator(positions[b].cpu(), q.shape[2], edges, windows, layer.v.shape[-1],
-                               background=None if layer.rotate_values else bg)
+        bg = expand_kv_heads(v, q.shape[2])[b].to("cpu", F64).mean(0) if background else None  # [H, Dv]
+        acc = ScoreAccumulator(positions[b].cpu(), q.shape[2], edges, windows, layer.v.shape[-1], background=bg)
         for j0, s, raw in iter_logit_chunks(layer, positions[b].cpu(), chunk):
             C = s.shape[-1]
-            acc.update(j0, s, raw, layer.v[j0:j0 + C])
-            if layer.rotate_values and bg is not None:
-                # Σ_F e^s R(−Φ_j) b̂: add with the same weights as o_far (window 0)
-                _add_rotated_background(acc, j0, s, layer.phase[j0:j0 + C], bg)
-        if layer.rotate_values and bg is not None:
-            acc.background = bg
+            moved = None
+            if bg is not None:
+                moved = rotate(bg[None].expand(C, *bg.shape), -layer.phase[j0:j0 + C]) if layer.rotate_values \
+                    else bg[None].expand(C, *bg.shape)
+            acc.update(j0, s, raw, layer.v[j0:j0 + C], moved)
         out.append((acc, layer))
     return out
-
-
-def _add_rotated_background(acc: ScoreAccumulator, j0: int, s, phase, bg):
-    """For Q/K/V rotations: b_far += Σ_{far j} e^{s − max} R(−Φ_j) b̂ (window 0), after acc.update's rescale."""
-    m, H, C = s.shape
-    j = torch.arange(j0, j0 + C)
-    dist = acc.positions[:, None] - j[None, :]
-    far = ((dist >= acc.windows[0]) & (dist >= 0))[:, None, :]
-    e = torch.where(far, torch.exp(s - acc.run_max[..., None]), torch.zeros((), dtype=F64))
-    rotated = rotate(bg[None].expand(C, *bg.shape), -phase)  # [C, H, D]
-    acc.b_far += torch.einsum("mhc,chd->mhd", e, rotated)
