@@ -341,7 +341,8 @@ def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, n
     cache = project_path("build/probe_cache") / (profile + ("-fast" if fast else ""))
     out = {}
     for v in variants:
-        params = cfg | {"seed": seed, "ntk": ntk, "kind": "length"}
+        # the NTK variant only exists for RoPE models: other models share one cache entry with or without it
+        params = cfg | {"seed": seed, "ntk": ntk and runs.VARIANTS[v][0] == "rope", "kind": "length"}
         path = cache / v / f"length-{_fingerprint(dirs[v], params)}.json"
         if path.exists():
             out.update(json.loads(path.read_text()))
