@@ -206,6 +206,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"pathlab figures: trained runs are missing or unusable:\n{err}\n"
                   "The notebooks that need them will fail; the others still run.", file=sys.stderr)
 
+    previous = os.environ.get("PATHLAB_NO_PROGRESS")
+    os.environ["PATHLAB_NO_PROGRESS"] = "1"  # the kernels inherit it: no progress bars inside executed notebooks
+    try:
+        rows = _run_all(notebooks, args, out_dir, build_dir, root)
+    finally:
+        if previous is None:
+            os.environ.pop("PATHLAB_NO_PROGRESS", None)
+        else:
+            os.environ["PATHLAB_NO_PROGRESS"] = previous
+    _print_summary(rows)
+    failed = [r["name"] for r in rows if r["status"] != "ok"]
+    if failed:
+        print(f"\n{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_all(notebooks, args, out_dir, build_dir, root) -> list[dict]:
     rows = []
     for n, path in enumerate(notebooks, 1):
         print(f"[{n}/{len(notebooks)}] {path.stem} ...", flush=True)
@@ -219,9 +237,4 @@ def run(args: argparse.Namespace) -> int:
                      "results": collect_results(out_dir, start) if ok else []})
         print(f"[{n}/{len(notebooks)}] {path.stem}: {'ok' if ok else 'FAILED'} ({seconds:.1f} s)"
               + ("" if ok else f"\n    {error[:500]}\n    executed copy: {build_dir / path.name}"), flush=True)
-    _print_summary(rows)
-    failed = [r["name"] for r in rows if r["status"] != "ok"]
-    if failed:
-        print(f"\n{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return rows

@@ -59,6 +59,8 @@ def variants_for(figure: str, fast: bool, only=None) -> list[str]:
     if figure not in FIGURE_VARIANTS:
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURE_VARIANTS)}")
     chosen = [v for v in FIGURE_VARIANTS[figure] if not fast or v in runs.FAST_VARIANTS]
+    if only is not None and not isinstance(only, (str, list, tuple)):
+        raise ValueError(f"variants must be None, a comma-separated string or a list of names, got {only!r}")
     if only is not None:
         only = [x.strip() for x in only.split(",")] if isinstance(only, str) else list(only)
         unknown = [v for v in only if v not in runs.VARIANTS]
@@ -115,13 +117,19 @@ def _unflatten(arrays) -> dict:
     return out
 
 
-def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, progress: bool = False) -> dict:
+def show_progress() -> bool:
+    """Progress output for long work, except under ``pathlab figures`` (which sets ``PATHLAB_NO_PROGRESS``)."""
+    return not os.environ.get("PATHLAB_NO_PROGRESS")
+
+
+def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, progress: bool | None = None) -> dict:
     """``{variant: {length: measure_model(...) result}}``, computed once and cached per checkpoint."""
     from pathlab.figures import project_path
     from pathlab.probes.model import measure_model
     from pathlab.train import load_run
 
     cfg = settings(profile, fast)
+    progress = show_progress() if progress is None else progress
     dirs = runs.ensure_runs(profile, variants, fast=fast, progress=progress)
     cache = project_path("build/probe_cache") / (profile + ("-fast" if fast else ""))
     out = {}
@@ -329,7 +337,8 @@ EVAL = {"tiny-cpu": {"lengths": [256, 512, 1024, 2048, 4096], "n_windows": 4},
 EVAL_FAST = {"lengths": [256, 768], "n_windows": 1}
 
 
-def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, ntk: bool = False) -> dict:
+def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, ntk: bool = False,
+                 progress: bool | None = None) -> dict:
     """``{label: {lengths, mean_loss, ppl_ratio, position, position_loss}}`` for every variant (cached)."""
     from pathlab.figures import project_path
     from pathlab.probes.extrapolation import length_curves
@@ -337,7 +346,7 @@ def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, n
     from pathlab.train import load_run
 
     cfg = dict(EVAL_FAST if fast else EVAL[profile])
-    dirs = runs.ensure_runs(profile, variants, fast=fast)
+    dirs = runs.ensure_runs(profile, variants, fast=fast, progress=show_progress() if progress is None else progress)
     cache = project_path("build/probe_cache") / (profile + ("-fast" if fast else ""))
     out = {}
     for v in variants:
