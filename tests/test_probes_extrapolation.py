@@ -25,6 +25,16 @@ def test_per_position_loss_matches_model_loss():
     assert loss.mean() == pytest.approx(ref.item(), rel=1e-6)
 
 
+def test_chunked_loss_is_the_loss_of_training_length_windows():
+    m = _model()
+    w = torch.randint(0, 64, (2, 3 * 16 + 1))
+    expected = np.mean([ex.per_position_loss(m, w[:, c:c + 17]).mean() for c in (0, 16, 32)])
+    assert ex.chunked_loss(m, w, 16) == pytest.approx(expected, rel=1e-9)
+    assert ex.chunked_loss(m, w, 48) == pytest.approx(ex.per_position_loss(m, w).mean(), rel=1e-9)
+    with pytest.raises(ValueError, match="multiple"):
+        ex.chunked_loss(m, w, 20)
+
+
 def test_bucket_positions_cover_all():
     loss = np.arange(100, dtype=float)
     centres, means = ex.bucket_positions(loss)
@@ -52,7 +62,9 @@ def test_length_curves_ratio_and_ntk_entry():
     windows = lambda c, n: torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))  # noqa: E731
     out = ex.length_curves({"rope": (_model(), cfg)}, windows, [16, 48], ntk=True)
     assert set(out) == {"rope", "rope+ntk"}
-    assert out["rope"]["ppl_ratio"][0] == 1.0 and len(out["rope"]["position_loss"]) > 3
+    assert out["rope"]["ppl_ratio"][0] == pytest.approx(1.0) and len(out["rope"]["position_loss"]) > 3
+    r = out["rope"]
+    assert r["ppl_ratio"][1] == pytest.approx(np.exp(r["mean_loss"][1] - r["train_length_loss"][1]))
     assert out["rope+ntk"]["mean_loss"][0] == pytest.approx(out["rope"]["mean_loss"][0], rel=1e-9)  # s = 1 at L_train
 
 

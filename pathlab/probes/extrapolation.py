@@ -2,7 +2,9 @@
 
     r(L) = PPL(L) / PPL(L_train),   PPL(L) = exp(mean token cross-entropy over non-overlapping length-L windows),
 
-the same windows for every model (seeded by L). The per-position loss loss(t) is averaged over the windows in
+the same windows for every model (seeded by L). PPL(L_train) is measured on the same tokens: each length-L window
+is also cut into L / L_train consecutive training-length windows, so r(L) compares the same predicted tokens with
+long and with training-length context, free of the text-to-text variance of a few windows. The per-position loss loss(t) is averaged over the windows in
 log-spaced position buckets (Fig N8). The vocabulary projection is applied in position chunks, so a 65K window never
 materialises a T×V logit matrix. NTK-scaled RoPE (M8 c) evaluates a RoPE model with base · s^{d/(d−2)},
 s = L / L_train.
@@ -45,6 +47,18 @@ def per_position_loss(model, windows: torch.Tensor, chunk: int = 2048) -> np.nda
         ce = F.cross_entropy(logits.transpose(1, 2), targets[:, start:start + chunk], reduction="none")
         losses.append(ce.double())
     return torch.cat(losses, dim=1).mean(0).cpu().numpy()
+
+
+@torch.no_grad()
+def chunked_loss(model, windows: torch.Tensor, length: int) -> float:
+    """Mean loss of the same predicted tokens as ``per_position_loss(windows)`` with the context cut every ``length``
+    tokens: ``windows [B, L + 1]`` (L a multiple of ``length``) evaluated as L / length windows of ``length + 1``."""
+    B, n = windows.shape
+    L = n - 1
+    if L % length:
+        raise ValueError(f"length {L} must be a multiple of the training length {length}")
+    chunks = torch.stack([windows[:, c:c + length + 1] for c in range(0, L, length)], dim=1)  # [B, L/l, l + 1]
+    return float(per_position_loss(model, chunks.reshape(-1, length + 1)).mean())
 
 
 def bucket_positions(loss: np.ndarray, per_decade: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -93,20 +107,22 @@ def length_curves(models: dict, windows_for, lengths, *, ntk: bool = False) -> d
         if ntk and cfg["model"]["attention"] == "rope":
             entries.append((f"{name}+ntk", cfg["model"].get("attention_kwargs", {}).get("base", 10000.0)))
         for label, base in entries:
-            row = {"lengths": [], "mean_loss": [], "train_length": cfg["data"]["block_size"]}
+            train_len = cfg["data"]["block_size"]
+            row = {"lengths": [], "mean_loss": [], "train_length_loss": [], "ppl_ratio": [], "train_length": train_len}
             for L in lengths:
                 windows = windows_for(cfg, L + 1)
                 if base is None:
                     loss = per_position_loss(model, windows)
                 else:
-                    scale = L / cfg["data"]["block_size"]
+                    scale = L / train_len
                     with rope_base(model, ntk_base(base, scale, cfg["model"]["n_embd"] // cfg["model"]["n_head"])):
                         loss = per_position_loss(model, windows)
+                reference = chunked_loss(model, windows, train_len)
                 row["lengths"].append(L)
                 row["mean_loss"].append(float(loss.mean()))
+                row["train_length_loss"].append(reference)
+                row["ppl_ratio"].append(float(np.exp(loss.mean() - reference)))
                 if L == max(lengths):
                     row["position"], row["position_loss"] = bucket_positions(loss)
-            ref = row["mean_loss"][row["lengths"].index(min(row["lengths"]))]
-            row["ppl_ratio"] = [float(np.exp(m - ref)) for m in row["mean_loss"]]
             out[label] = row
     return out

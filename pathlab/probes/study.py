@@ -351,7 +351,7 @@ def length_study(profile: str, variants, *, fast: bool = False, seed: int = 0, n
     out = {}
     for v in variants:
         # the NTK variant only exists for RoPE models: other models share one cache entry with or without it
-        params = cfg | {"seed": seed, "ntk": ntk and runs.VARIANTS[v][0] == "rope", "kind": "length"}
+        params = cfg | {"seed": seed, "ntk": ntk and runs.VARIANTS[v][0] == "rope", "kind": "length-same-tokens"}
         path = cache / v / f"length-{_fingerprint(dirs[v], params)}.json"
         if path.exists():
             out.update(json.loads(path.read_text()))
