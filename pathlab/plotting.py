@@ -312,7 +312,7 @@ def plot_ablations(data):
         axes[0].plot([s["tau"] for s in sweep], [s["ppl_ratio_max_L"] for s in sweep], "o-")
         for s in sweep:
             axes[0].annotate(s["variant"], (s["tau"], s["ppl_ratio_max_L"]), fontsize=6)
-    axes[0].set(yscale="log", xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)",
+    axes[0].set(xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)",
                 ylabel="r at the longest L", title="(a) more dispersion, more mixing")
     for key, ax, title in (("far_mass_control", axes[1], "(b) far-mass control: PaTH vs PaTH-FoX"),
                            ("ntk", axes[2], "(c) NTK-scaled RoPE")):
