@@ -136,8 +136,25 @@ def test_suite_falls_back_to_blockwise_path_when_the_kernel_fails(monkeypatch):
     monkeypatch.setattr(suite, "run_task", flaky)
     rec = suite._job("mqrar", "path", "tiny-cpu", {}, {"n_back": 2})
     assert calls == [None, "torch"] and "kernel exploded" in rec["fallback"]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="kernel exploded"):
         suite._job("mqrar", "rope", "tiny-cpu", {}, {"n_back": 2})  # no fallback for other variants
+
+
+def test_worker_errors_reach_the_parent_as_picklable_text(monkeypatch):
+    import pickle
+    import sys
+
+    from pathlab.tasks import suite
+
+    def unpicklable(*a, **k):
+        err = ValueError("compile failed")
+        err.frame = sys._getframe()  # like torch.compile's exceptions
+        raise err
+
+    monkeypatch.setattr(suite, "run_task", unpicklable)
+    with pytest.raises(RuntimeError, match="ValueError: compile failed") as info:
+        suite._job("flipflop", "fox", "tiny-cpu", {}, {})
+    pickle.dumps(info.value)
 
 
 def test_cli_sweep_a5(tmp_path, capsys):

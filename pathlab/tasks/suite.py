@@ -54,15 +54,21 @@ def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
                         progress=False)
 
     try:
-        return go(overrides)
+        try:
+            return go(overrides)
+        except Exception as err:
+            kwargs = dict((overrides or {}).get("attention_kwargs") or {})
+            if not attention.startswith("path") or kwargs.get("backend") == "torch":
+                raise
+            # a PaTH kernel failure must not cost the result: rerun on the blockwise PyTorch path, and say so
+            rec = go({**dict(overrides or {}), "attention_kwargs": {**kwargs, "backend": "torch"}})
+            rec["fallback"] = f"reran with backend='torch' after {type(err).__name__}: {str(err)[:300]}"
+            return rec
     except Exception as err:
-        kwargs = dict((overrides or {}).get("attention_kwargs") or {})
-        if not attention.startswith("path") or kwargs.get("backend") == "torch":
-            raise
-        # a PaTH kernel failure must not cost the result: rerun on the blockwise PyTorch path, and say so
-        rec = go({**dict(overrides or {}), "attention_kwargs": {**kwargs, "backend": "torch"}})
-        rec["fallback"] = f"reran with backend='torch' after {type(err).__name__}: {str(err)[:300]}"
-        return rec
+        # exceptions that hold frames (torch.compile's) cannot be pickled back from a worker: send the text
+        import traceback
+
+        raise RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}") from None
 
 
 def _aggregate(task: str, profile, command, results: list[dict], **fields) -> dict:
