@@ -33,6 +33,7 @@ def test_tiny_run_end_to_end(tmp_path, task, attention):
     assert len(rec["history"]) == rec["steps"] // rec["settings"]["eval_every"]
     for split, m in rec["metrics"].items():
         assert 0.0 <= m["accuracy"] <= 1.0 and m["n_scored"] > 0 and math.isfinite(m["loss"])
+    assert rec["path_backend"] == ("torch" if attention.startswith("path") else None)  # no Triton on the CPU
     if task == "flipflop":
         assert set(rec["summary"]["read_error"]) == {"in_dist", "sparse", "dense"}
     # same seed, same run: bitwise-identical metrics on the CPU
