@@ -27,6 +27,13 @@ LABELS = {"rope": "RoPE", "fox": "FoX", "path": "PaTH", "path_fox": "PaTH-FoX", 
           "sba": "SBA"}
 
 
+COLORS = {"rope": "C0", "fox": "C1", "path": "C2", "path_fox": "C3", "nope": "C4", "alibi": "C5"}
+
+
+def _color(name: str) -> str:
+    return COLORS.get(name, "C7")
+
+
 def _label(name: str) -> str:
     return LABELS.get(name, name)
 
@@ -129,7 +136,7 @@ def a5_accuracy(doc: Mapping) -> dict[str, dict[int, dict[int, float]]]:
         for run in chain["runs"]:
             out.setdefault(chain["attention"], {}).setdefault(int(chain["length"]), {})[
                 int(run["settings"]["n_layer"])] = run["summary"]["sequence_accuracy"]
-    return out
+    return {a: out[a] for a in _sorted_attentions(out)}
 
 
 def mqrar_accuracy(doc: Mapping) -> dict[str, dict[int, float]]:
@@ -222,9 +229,10 @@ def plot_state_tracking(data: Mapping):
     for i, (att, by_len) in enumerate(table.items()):
         ks = sorted(int(k) for k in by_len)
         ys = [by_len[k] if by_len.get(k) is not None else never for k in ks]
-        ax.plot(ks, [y + 0.04 * (i - 1.5) for y in ys], marker="o", label=_label(att))
+        ax.plot(ks, [y + 0.04 * (i - 1.5) for y in ys], marker="o", label=_label(att), color=_color(att))
     ax.axhline(never - 0.5, color="grey", lw=0.8, ls=":")
     ax.set_yticks(list(range(1, never + 1)), [str(n) for n in range(1, never)] + [f">{never - 1}"])
+    ax.set_xticks(sorted({int(k) for t in table.values() for k in t}))
     ax.set_xlabel("sequence length k")
     ax.set_ylabel(f"min layers (seq. acc. > {data.get('a5_solved_at', 0.9):.0%})")
     ax.set_title("A5 word problem")
@@ -235,8 +243,9 @@ def plot_state_tracking(data: Mapping):
         ks = sorted(int(k) for k in by_len)
         # the deepest depth tried at each length (the chain stops at the first depth that solves it)
         best = [max(by_len[k].values()) for k in ks]
-        ax.plot(ks, [100 * b for b in best], marker="o", label=_label(att))
+        ax.plot(ks, [100 * b for b in best], marker="o", label=_label(att), color=_color(att))
     ax.axhline(100 * (data.get("a5_solved_at") or 0.9), color="grey", lw=0.8, ls=":")
+    ax.set_xticks(sorted({int(k) for t in data.get("a5_accuracy", {}).values() for k in t}))
     ax.set_xlabel("sequence length k")
     ax.set_ylabel("best sequence accuracy over depths (%)")
     ax.set_ylim(0, 101)
@@ -246,7 +255,7 @@ def plot_state_tracking(data: Mapping):
     ax = axes[3]
     for att, by_n in data.get("mqrar_accuracy", {}).items():
         ns = sorted(int(n) for n in by_n)
-        ax.plot(ns, [100 * by_n[n] for n in ns], marker="o", label=_label(att))
+        ax.plot(ns, [100 * by_n[n] for n in ns], marker="o", label=_label(att), color=_color(att))
     ax.set_xlabel("N (N-th most recent assignment)")
     ax.set_ylabel("answer accuracy (%)")
     ax.set_ylim(0, 101)
