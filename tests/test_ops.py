@@ -71,3 +71,23 @@ def test_rotation_phases_stay_accurate_at_long_range():
     far = torch.cos(phase[0, -1, 0, 0].float()).double()
     assert abs(far - torch.cos(torch.tensor(65536.0, dtype=torch.float64))) < 1e-6
     assert float(rope_phases(T, D).max()) < 2 * torch.pi
+
+
+def test_a_failing_flex_attention_falls_back_loudly(monkeypatch):
+    """If FlexAttention breaks on a GPU, ALiBi and FoX warn once and use the chunked bias path (same result)."""
+    calls = []
+
+    def broken_flex(*args):
+        calls.append(1)
+        raise RuntimeError("simulated compiler failure")
+
+    monkeypatch.setattr(softmax_ops, "_flex_failure", None)
+    monkeypatch.setattr(softmax_ops, "_flex", broken_flex)
+    monkeypatch.setattr(softmax_ops, "_use_flex", lambda q: softmax_ops._flex_failure is None)
+    q, k, v, theta, g = _inputs(1, 40, 2, 2, 8, torch.float64, seed=9)
+    with pytest.warns(RuntimeWarning, match="FlexAttention failed .*simulated compiler failure"):
+        out = pathlab.fox_attention(q, k, v, g)
+    assert rel_err(out, reference.fox_attention(q, k, v, g)) < 1e-10
+    out = pathlab.alibi_attention(q, k, v)  # no second attempt, no second warning
+    assert rel_err(out, reference.alibi_attention(q, k, v)) < 1e-10
+    assert len(calls) == 1

@@ -4,12 +4,14 @@
   k̃_j = R(−Φ_j) k_j, q̃_iᵀ k̃_j = q_iᵀ R(Φ_i − Φ_j) k_j. Value transport (Q/K/V) uses ṽ_j = R(−Φ_j) v_j and
   o_i ← R(Φ_i) o_i, so o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j.
 * ALiBi and FoX: FlexAttention with a ``score_mod`` on CUDA (no T×T tensor); on the CPU, where FlexAttention
-  has no backward, an additive-bias SDPA computed in query chunks (T×chunk at a time).
+  has no backward, an additive-bias SDPA computed in query chunks (T×chunk at a time). If FlexAttention fails
+  on a CUDA device, a one-time warning names the error and the chunked additive-bias path takes over.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ from pathlab._checks import check_float_tensor, check_qkv, check_same_device, ch
 from pathlab.ops.positions import accumulate_phases, alibi_slopes, rope_phases, rotate
 
 CPU_QUERY_CHUNK = 1024
+_flex_failure: str | None = None  # why FlexAttention was given up on in this process, if it was
 
 
 def _sdpa(q, k, v, scale):
@@ -109,6 +112,23 @@ def _chunked_bias_sdpa(q, k, v, scale, bias_fn, chunk: int = CPU_QUERY_CHUNK):
     return torch.cat(outputs, dim=2).transpose(1, 2)
 
 
+def _use_flex(q) -> bool:
+    return q.device.type == "cuda" and _flex_failure is None
+
+
+def _bias_attention(q, k, v, scale, score_mod, bias_fn):
+    """FlexAttention with ``score_mod`` on CUDA, else (or if it fails) the chunked additive-bias SDPA."""
+    global _flex_failure
+    if _use_flex(q):
+        try:
+            return _flex(q, k, v, scale, score_mod)
+        except Exception as err:  # a compiler or kernel failure: keep going, loudly, on the bias path
+            _flex_failure = f"{type(err).__name__}: {err}"
+            warnings.warn(f"FlexAttention failed ({_flex_failure[:300]}); ALiBi and FoX use the chunked "
+                          "additive-bias SDPA from now on", RuntimeWarning, stacklevel=3)
+    return _chunked_bias_sdpa(q, k, v, scale, bias_fn)
+
+
 def alibi_attention(q, k, v, *, slopes=None, scale=None):
     """ALiBi: s_ij = scale · q_iᵀ k_j − m_h (i − j), slopes m_h from :func:`alibi_slopes` by default."""
     _, T, H, _, D, _ = check_qkv(q, k, v)
@@ -116,16 +136,14 @@ def alibi_attention(q, k, v, *, slopes=None, scale=None):
     slopes = (alibi_slopes(H) if slopes is None else slopes).to(q.device, torch.float32)
     if slopes.shape != (H,):
         raise ValueError(f"slopes must have shape [H] = ({H},), got {tuple(slopes.shape)}")
-    if q.device.type == "cuda":
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (q_idx - kv_idx)
 
-        return _flex(q, k, v, scale, score_mod)
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
 
     def bias_fn(i, j):
         return -slopes[None, :, None, None] * (i[:, None] - j[None, :]).float()
 
-    return _chunked_bias_sdpa(q, k, v, scale, bias_fn)
+    return _bias_attention(q, k, v, scale, score_mod, bias_fn)
 
 
 def fox_attention(q, k, v, g, *, scale=None):
@@ -137,13 +155,11 @@ def fox_attention(q, k, v, g, *, scale=None):
     check_same_device(q, g=g)
     scale = check_scale(scale, D)
     G = torch.cumsum(g.to(torch.promote_types(g.dtype, torch.float32)), dim=1).transpose(1, 2).contiguous()  # [B, H, T]
-    if q.device.type == "cuda":
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + G[b, h, q_idx] - G[b, h, kv_idx]
 
-        return _flex(q, k, v, scale, score_mod)
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + G[b, h, q_idx] - G[b, h, kv_idx]
 
     def bias_fn(i, j):
         return G[:, :, i, None] - G[:, :, None, j]
 
-    return _chunked_bias_sdpa(q, k, v, scale, bias_fn)
+    return _bias_attention(q, k, v, scale, score_mod, bias_fn)
