@@ -155,9 +155,12 @@ def fox_attention(q, k, v, g, *, scale=None):
     check_same_device(q, g=g)
     scale = check_scale(scale, D)
     G = torch.cumsum(g.to(torch.promote_types(g.dtype, torch.float32)), dim=1).transpose(1, 2).contiguous()  # [B, H, T]
+    # FlexAttention differentiates a captured buffer only when the score function indexes it once: give the
+    # query side and the key side each their own copy of G.
+    G_query, G_key = G, G.clone()
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score + G[b, h, q_idx] - G[b, h, kv_idx]
+        return score + G_query[b, h, q_idx] - G_key[b, h, kv_idx]
 
     def bias_fn(i, j):
         return G[:, :, i, None] - G[:, :, None, j]
