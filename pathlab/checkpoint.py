@@ -10,13 +10,13 @@ A crash while saving leaves the previous checkpoint untouched (``os.replace`` is
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from pathlab.atomic import atomic_output
 
 CKPT_NAME = "ckpt.pt"
 FORMAT = 1
@@ -41,18 +41,8 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(path: str | Path, payload: dict) -> Path:
     """Write ``payload`` atomically to ``path`` (temp file + fsync + ``os.replace``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({**payload, "format": FORMAT}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as f:
+        torch.save({**payload, "format": FORMAT}, f)
     return path
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 
 BENCH_COMMAND = "python benchmarks/bench_kernels.py --out benchmarks/results/kernels-h200.json"
 

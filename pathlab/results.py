@@ -20,45 +20,12 @@ import math
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from pathlab.atomic import atomic_write_bytes, atomic_write_text  # noqa: F401  (part of this module's API)
+
 RESULTS_FORMAT = 1  # bump when the JSON layout changes; read_results checks it
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# atomic writes
-
-
-def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> Path:
-    """Write ``payload`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Text version of :func:`atomic_write_bytes` (UTF-8)."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pathlab.atomic import atomic_write_bytes
+
 FORMAT = "pathlab-tokens/1"
 META = "meta.json"
 SPLITS = ("train", "val")
@@ -28,23 +30,6 @@ DTYPE = np.uint16
 
 class CorpusError(ValueError):
     """A corpus folder is missing, unfinished, corrupt or does not match what the caller expects."""
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def atomic_write_json(path: Path, obj) -> None:

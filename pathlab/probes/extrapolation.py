@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pathlab.probes.model import run_blocks
 
 # Published perplexity ratios (SPEC M7, [SUMMARY]): (variant, L, L_train, ratio)
 PUBLISHED = [
