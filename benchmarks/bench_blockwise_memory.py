@@ -21,6 +21,7 @@ import time
 import torch
 
 import pathlab
+from pathlab.atomic import atomic_write_text
 from pathlab.testing import random_path_inputs
 
 
@@ -83,11 +84,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, args.out)
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
+
+from pathlab.atomic import atomic_write_text
 
 DEFAULT_CASES = "1024x12x64,4096x12x64,16384x12x64,65536x12x64,1024x16x128,4096x16x128,16384x16x128,65536x16x128"
 FLEX_MAX_T = 16384  # FlexAttention is compiled per shape; the anchors stop at 16K
@@ -381,12 +382,7 @@ def main(argv=None):
 def _write(path, result):
     if not path:
         return
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

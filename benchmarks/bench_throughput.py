@@ -25,16 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 import pathlab
+from pathlab.atomic import atomic_write_text
 from pathlab.train import make_optimizer
 
 ORDER = ["rope", "path", "path_fox", "fox", "alibi", "nope", "rot_learned_qkv", "rot_random_qkv",
@@ -42,13 +41,7 @@ ORDER = ["rope", "path", "path_fox", "fox", "alibi", "nope", "rot_learned_qkv", 
 
 
 def write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _sync(device):
