@@ -49,7 +49,8 @@ def test_notebook_structure(path):
             assert cell.outputs == [], f"{path.name}: committed with outputs"
             assert cell.execution_count is None, f"{path.name}: committed with execution counts"
     text = path.read_text()
-    assert "/work/" not in text and "/home/" not in text, f"{path.name}: machine paths in a committed notebook"
+    for machine_path in (str(ROOT.parent), str(Path.home())):  # where this checkout and the user live
+        assert machine_path + "/" not in text, f"{path.name}: machine path {machine_path} in a committed notebook"
 
 
 @pytest.mark.notebooks
