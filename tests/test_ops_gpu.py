@@ -59,3 +59,25 @@ def test_65k_tokens_without_a_txt_matrix(op):
     extra = torch.cuda.max_memory_allocated() - start
     assert bool(torch.isfinite(out).all())
     assert extra < T * T * 2 / 4, f"{op}: {extra / 2**20:.0f} MiB extra looks like a T×T matrix"
+
+
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"])
+@pytest.mark.parametrize("rotate_values", [False, True], ids=["qk", "qkv"])
+def test_rotation_bf16_gradients_under_each_sdpa_backend(rotate_values, backend):
+    """Pins down which SDPA backend gives a wrong bf16 gradient for rotated values (seen once with the default)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    inputs = _inputs(2, 333, 4, 64, torch.bfloat16)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    with sdpa_kernel([getattr(SDPBackend, backend)]):
+        try:
+            out = pathlab.rotation_attention(*inputs[:4], rotate_values=rotate_values)
+        except RuntimeError as err:
+            pytest.skip(f"{backend} cannot run this case here: {err}")
+        d_out = torch.randn(out.shape, dtype=torch.float64, device=out.device)
+        grads = torch.autograd.grad(out, inputs[:4], d_out.to(torch.bfloat16))
+    out_ref = reference.rotation_attention(*ref_inputs[:4], rotate_values=rotate_values)
+    grads_ref = torch.autograd.grad(out_ref, ref_inputs[:4], d_out)
+    assert rel_err(out, out_ref) < 2e-2
+    for name, got, want in zip(("q", "k", "v", "theta"), grads, grads_ref):
+        assert rel_err(got, want) < 2e-2, f"{backend}: d{name} {rel_err(got, want):.2e}"
