@@ -33,3 +33,23 @@ def random_path_inputs(B, T, H, D, *, Hkv=None, Dv=None, dtype=torch.float32, de
             if t is not None:
                 t.requires_grad_(True)
     return tensors
+
+
+def grad_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / max(‖expected‖, 1): a relative error with a floor, so gradients that should be zero
+    (an input an op ignores, dq at T = 1) must come out as zero up to rounding."""
+    return ((actual.detach().double() - expected.detach().double()).norm() / expected.detach().double().norm()
+            .clamp_min(1.0)).item()
+
+
+def assert_matches_reference(fast, reference, inputs, tol: float, names) -> None:
+    """Run ``fast(*inputs)`` and ``reference`` on fp64 copies; compare the output (relative error) and the gradient
+    of every input (:func:`grad_err`) for one random output gradient, each below ``tol``."""
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    out, out_ref = fast(*inputs), reference(*ref_inputs)
+    assert rel_err(out, out_ref) < tol, f"output: {rel_err(out, out_ref):.2e}"
+    d_out = torch.randn_like(out_ref)
+    grads = torch.autograd.grad(out, inputs, d_out.to(out.dtype), allow_unused=True, materialize_grads=True)
+    grads_ref = torch.autograd.grad(out_ref, ref_inputs, d_out, allow_unused=True, materialize_grads=True)
+    for name, got, want in zip(names, grads, grads_ref):
+        assert grad_err(got, want) < tol, f"d{name}: {grad_err(got, want):.2e}"

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import pathlab
 from pathlab import reference
-from pathlab.testing import rel_err
+from pathlab.testing import assert_matches_reference, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -34,16 +34,7 @@ OPS = {
 @pytest.mark.parametrize("op", list(OPS))
 def test_fast_matches_reference_on_gpu(op, dtype, tol):
     fast, ref = OPS[op]
-    inputs = _inputs(2, 333, 4, 64, dtype)
-    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    out, out_ref = fast(*inputs), ref(*ref_inputs)
-    assert rel_err(out, out_ref) < tol
-    d_out = torch.randn_like(out_ref)
-    grads = torch.autograd.grad(out, inputs, d_out.to(dtype), allow_unused=True, materialize_grads=True)
-    grads_ref = torch.autograd.grad(out_ref, ref_inputs, d_out, allow_unused=True, materialize_grads=True)
-    for name, got, want in zip(("q", "k", "v", "theta", "g"), grads, grads_ref):
-        err = ((got.double() - want).norm() / want.norm().clamp_min(1.0)).item()
-        assert err < tol, f"d{name}: {err:.2e}"
+    assert_matches_reference(fast, ref, _inputs(2, 333, 4, 64, dtype), tol, ("q", "k", "v", "theta", "g"))
 
 
 @pytest.mark.parametrize("op", list(OPS))
