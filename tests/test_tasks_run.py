@@ -166,3 +166,14 @@ def test_cli_sweep_a5(tmp_path, capsys):
                  "--layers", "1", "--out", str(out), "steps=2", "eval_every=2"]) == 0
     assert json.loads(capsys.readouterr().out.split("wrote")[0]) == {"rope": {"2": None}}
     assert json.loads(out.read_text())["command"].startswith("pathlab ")
+
+
+def test_cli_suite_takes_the_sweep_lists(tmp_path):
+    from pathlab.cli import main
+
+    assert main(["tasks", "suite", "--profile", "tiny-cpu", "--attentions", "nope", "--tasks", "mqrar,a5",
+                 "--n-back", "3", "--lengths", "2", "--layers", "1", "--out-dir", str(tmp_path)]) == 0
+    mq = json.loads((tmp_path / "mqrar.json").read_text())
+    a5 = json.loads((tmp_path / "a5_sweep.json").read_text())
+    assert mq["n_back"] == [3] and [r["settings"]["n_back"] for r in mq["runs"]] == [3]
+    assert a5["lengths"] == [2] and a5["layers"] == [1]

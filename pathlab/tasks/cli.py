@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     su.add_argument("--out-dir", default=None, help="folder for the JSONs (default runs/tasks/PROFILE)")
     su.add_argument("--set", action="append", default=[], metavar="TASK:key=value",
                     help="a setting for one task, e.g. a5:steps=100 (repeatable)")
+    su.add_argument("--n-back", type=_ints, default=None, help="MQRAR-N values, e.g. 2,3 (default: profile's)")
+    su.add_argument("--lengths", type=_ints, default=None, help="A5 lengths, e.g. 4,8 (default: profile's)")
+    su.add_argument("--layers", type=_ints, default=None, help="A5 depths to try, e.g. 1,2,3 (default: profile's)")
 
     st = sub.add_parser("settings", help="print the resolved settings of a task and profile")
     st.add_argument("task", choices=sorted(TASKS))
@@ -127,9 +130,11 @@ def run(args: argparse.Namespace) -> int:
                 if not sep or task not in TASKS:
                     raise ValueError(f"--set must be TASK:key=value with TASK in {sorted(TASKS)}, got {item!r}")
                 per_task.setdefault(task, []).append(kv)
+            sweeps = {"mqrar": {"n_back": args.n_back} if args.n_back else {},
+                      "a5": {key: val for key, val in (("lengths", args.lengths), ("layers", args.layers)) if val}}
             out_dir = args.out_dir or Path("runs") / "tasks" / args.profile
             paths = run_suite(profile=args.profile, attentions=args.attentions, tasks=args.tasks, out_dir=out_dir,
-                              workers=args.workers, command=_command(), log=_log,
+                              workers=args.workers, command=_command(), log=_log, sweeps=sweeps,
                               overrides={t: parse_overrides(v) for t, v in per_task.items()})
             for p in paths.values():
                 print(f"wrote {p}")
