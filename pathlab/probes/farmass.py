@@ -14,6 +14,8 @@ Toy model (SPEC M4): K near keys at score a, far scores ~ N(0, σ²), so Z_N = K
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from pathlab.probes.bounds import far_mass_from_logits, logistic
@@ -68,3 +70,27 @@ def onset_length(gap: float, window: int, rise: float = 0.1, base_far_mass: floa
     if target >= 1.0:
         return float("inf")
     return float(window + target / (1.0 - target) * np.exp(gap))
+
+
+def fit_gap_per_head(gap, axis: int = -2) -> np.ndarray:
+    """Γ̂ per head: the median over the sampled queries (``axis``) of the training-length gaps Γ_i, ignoring NaN
+    (queries with an empty far set). NaN where no query has a far key."""
+    gap = np.asarray(gap, np.float64)
+    gap = np.where(np.isfinite(gap), gap, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices -> NaN
+        return np.nanmedian(gap, axis=axis)
+
+
+def predict_far_mass(gap_train, m_far) -> np.ndarray:
+    """M4 prediction from training-length statistics alone: ρ̂_D = M_L / (M_L + e^{Γ̂}).
+
+    ``gap_train``: Γ_i = log Z_N − log m_F of the queries at the training length, ``[..., Q, H]``; ``m_far``: far-set
+    sizes M_L = i − W + 1 at the evaluation length, ``[..., Q', H]`` (a count, no measurement at that length).
+    Returns ``[..., Q', H]``: Γ̂ = median over the training queries per head (:func:`fit_gap_per_head`).
+    """
+    gap_hat = fit_gap_per_head(gap_train, axis=-2)  # [..., H]
+    m_far = np.asarray(m_far, np.float64)
+    if np.any(m_far < 0):
+        raise ValueError("m_far (far-set sizes) must be ≥ 0")
+    return far_mass_from_gap(m_far, gap_hat[..., None, :])

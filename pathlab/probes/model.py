@@ -4,6 +4,9 @@
 forward pre-hook of each ``blocks[l].attn.positional``, streams the logits of sampled queries
 (:mod:`pathlab.probes.scores`). Memory stays O(L·D) per query: ~64 sampled queries per window, keys in chunks,
 running log-sum-exp per distance bin.
+
+The near/far split uses one width W per (layer, head): :func:`learned_head_windows` measures it from the model's
+own step angles (M2, :mod:`pathlab.probes.learned`), with a fallback width for heads that do not mix.
 """
 
 from __future__ import annotations
@@ -50,12 +53,85 @@ def run_blocks(model, idx: torch.Tensor, n_layers: int | None = None) -> None:
 
 
 @torch.no_grad()
+def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: int, eps: float = 0.05,
+                         batch: int = 1) -> dict:
+    """M2 near-set widths W per (layer, head) of a model, from its step angles on ``windows [B, L]`` (token ids).
+
+    Per layer with step angles θ (accumulated rotations): C_{h,b}(n) (:func:`learned.phase_correlation`), the
+    score weights u_{h,b} of the unrotated q, k (:func:`learned.block_score_weights`), the envelope
+    c_h(n) = Σ_b |u_b| |C_b(n)| for n = 1 … n_max and W_h = min{n : c_h(n) ≤ ε}. Fallback ``fallback`` (SPEC §5.3:
+    the training context, so far = beyond training) for heads with no such n, and for every head of a layer
+    without step angles (RoPE: deterministic, no mixing; ALiBi, FoX, NoPE: no transport; PaTH: its Householder
+    transport has no per-block phase, which this measurement does not cover).
+
+    Returns numpy arrays: ``W`` ``[layers, H]`` (the widths to use), ``W_m2`` (inf where the head did not mix),
+    ``fallback`` (bool ``[layers, H]``), ``eps``, ``n_max`` and, when some layer has angles, ``coherence`` c_h(n)
+    and ``rho_s_pred`` ρ̂_s(n) ``[n_max, layers, H]`` (NaN for layers without angles).
+    """
+    from pathlab._checks import expand_kv_heads
+
+    model.eval()
+    n_layer = len(model.blocks)
+    if not 1 <= n_max < windows.shape[1]:
+        raise ValueError(f"n_max must lie in [1, L) = [1, {windows.shape[1]}), got {n_max}")
+    thetas = [[] for _ in range(n_layer)]
+    qs, ks = [[] for _ in range(n_layer)], [[] for _ in range(n_layer)]
+    heads = [None] * n_layer
+
+    def callback(layer, module, q, k, v, x, idx):
+        heads[layer] = q.shape[2]
+        if hasattr(module, "angles"):
+            thetas[layer].append(module.angles(x, idx).detach().to("cpu", torch.float64))
+            qs[layer].append(q.detach().to("cpu", torch.float64))
+            ks[layer].append(expand_kv_heads(k, q.shape[2]).detach().to("cpu", torch.float64))
+
+    device = next(model.parameters()).device
+    windows = windows.to(device)
+    any_angles = any(hasattr(b.attn.positional, "angles") for b in model.blocks)
+    if any_angles:
+        with positional_hooks(model, callback):
+            for start in range(0, windows.shape[0], batch):
+                run_blocks(model, windows[start:start + batch])
+    H = heads[0] if heads[0] is not None else model.blocks[0].attn.n_head
+    w_m2 = np.full((n_layer, H), np.inf)
+    coh = np.full((n_max, n_layer, H), np.nan) if any_angles else None
+    pred = np.full((n_max, n_layer, H), np.nan) if any_angles else None
+    for layer in range(n_layer):
+        if not thetas[layer]:
+            continue
+        corr = learned.phase_correlation(torch.cat(thetas[layer]), n_max)  # [n, H, Db]
+        u = learned.block_score_weights(torch.cat(qs[layer]), torch.cat(ks[layer]))  # [H, Db]
+        coh[:, layer] = learned.head_coherence(corr, u)
+        pred[:, layer] = learned.predicted_score_decorrelation(corr, u)
+        w_m2[layer] = learned.head_windows(coh[:, layer], eps)[0]
+    fell_back = ~np.isfinite(w_m2)
+    return {"W": np.where(fell_back, float(fallback), w_m2), "W_m2": w_m2, "fallback": fell_back, "eps": eps,
+            "n_max": n_max, "coherence": coh, "rho_s_pred": pred}
+
+
+def _windows_per_layer(near_windows, n_layer: int, n_head: int) -> list[np.ndarray]:
+    """Each entry of ``near_windows`` (an int, or ``[layers, H]`` widths) as ``[n_W, layers, H]`` float widths."""
+    out = []
+    for w in near_windows:
+        a = np.asarray(w, dtype=np.float64)
+        if a.ndim == 0:
+            a = np.full((n_layer, n_head), float(a))
+        if a.shape != (n_layer, n_head) or not np.all(np.isfinite(a)) or np.any(a < 1) or np.any(a != np.round(a)):
+            raise ValueError(f"near_windows entries must be integer widths ≥ 1, each an int or [layers={n_layer}, "
+                             f"H={n_head}], got {w!r}")
+        out.append(a)
+    return np.stack(out)
+
+
+@torch.no_grad()
 def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: int = 512, near_windows=(64,),
                   chunk: int = 1024, batch: int = 1, angle_lag: int | None = None, seed: int = 0,
                   eps: float = 0.05) -> dict:
     """Streamed score statistics of every layer on ``windows [B, L]`` (token ids).
 
-    Returns numpy arrays: ``bins`` (edges), per layer ``per_bin`` fields ``[layers, n_bins, H]``, per layer
+    ``near_windows``: the near-set widths W, each an int (every layer and head) or ``[layers, H]`` widths per layer
+    and head (e.g. ``learned_head_windows(...)["W"]``); the first is the main one.
+    Returns numpy arrays: ``near_windows`` ``[n_W, layers, H]``, ``bins`` (edges), per layer ``per_bin`` fields ``[layers, n_bins, H]``, per layer
     ``per_query`` fields ``[layers, n_W, B·m, H]`` (κ and ‖o_F‖/‖o_N‖ for the first W: ``[layers, B·m, H]``) and,
     for rotation models, ``angles`` (M2: γ, c(n), windows per layer/head/block).
     """
@@ -66,6 +142,7 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
     positions = sample_query_positions(L, n_queries, min(span, L), B, seed)
     edges = scores.distance_bin_edges(L - 1)
     n_layer = len(model.blocks)
+    widths = _windows_per_layer(near_windows, n_layer, model.blocks[0].attn.n_head)  # [n_W, layers, H]
     per_bin = [[] for _ in range(n_layer)]
     per_query = [[] for _ in range(n_layer)]
     thetas = [[] for _ in range(n_layer)]
@@ -74,7 +151,7 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
         if hasattr(module, "angles") and angle_lag:
             thetas[layer].append(module.angles(x, idx).detach().float().cpu())
         res = scores.probe_layer(module, q, k, v, x, idx, positions[start:start + q.shape[0]], edges=edges,
-                                 windows=near_windows, chunk=chunk)
+                                 windows=widths[:, layer], chunk=chunk)
         for acc, _ in res:
             per_bin[layer].append(acc)
             per_query[layer].append(acc.per_query())
@@ -83,7 +160,7 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
         for start in range(0, B, batch):
             run_blocks(model, windows[start:start + batch])
 
-    out = {"length": L, "edges": edges, "positions": positions.numpy(), "near_windows": list(near_windows),
+    out = {"length": L, "edges": edges, "positions": positions.numpy(), "near_windows": widths,
            "per_bin": _merge_bins(per_bin), "per_query": _merge_queries(per_query)}
     if angle_lag and thetas[0]:
         stats = [learned.angle_statistics(torch.cat(t), min(angle_lag, L - 1), eps) for t in thetas]

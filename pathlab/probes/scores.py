@@ -4,7 +4,7 @@ For a set of sampled query positions of one window, the logits s_ij of every key
 (O(T·D) memory per query) and folded into running accumulators:
 
 * per distance bin n = i − j (log-spaced): count, Σ s, Σ s², log Σ e^s → μ(n), σ(n), log m(n) = log E e^s (M3);
-* per query and near-set width W: log Z_N, log Z_F, log Σ_F e^{2s}, max|s| = λ, max/mean near score and mean
+* per query and near-set width W (one W per head: N = {j : i − j < W_h}, F = {j : i − j ≥ W_h}): log Z_N, log Z_F, log Σ_F e^{2s}, max|s| = λ, max/mean near score and mean
   far score → ρ_D, Γ, Δ^max, Δ^mean, M_eff and the M5 bound (M4, M5);
 * per query, for the first W: Σ_F e^s ṽ_j, Σ_N e^s ṽ_j and Σ_F e^s P_{j→i} b̂ (ṽ = transported values for Q/K/V
   rotations) → the coherence ratio κ and ‖o_F‖/‖o_N‖ (M6);
@@ -213,7 +213,11 @@ class ScoreAccumulator:
         m, H = self.positions.shape[0], n_head
         self.edges = torch.as_tensor(edges, dtype=torch.long)
         nb = len(edges) - 1
-        self.windows = [int(w) for w in windows]
+        # windows: n_W entries, each an int or [H] per-head widths -> [n_W, H] long
+        win = np.stack([np.broadcast_to(np.asarray(w, dtype=np.float64), (H,)) for w in windows])
+        if not np.all(np.isfinite(win)) or np.any(win < 1):
+            raise ValueError(f"near-set widths must be finite and ≥ 1, got {win.tolist()}")
+        self.windows = torch.as_tensor(win, dtype=torch.long)  # [n_W, H]
         self.H, self.m = H, m
         z = lambda *s: torch.zeros(*s, dtype=F64)  # noqa: E731
         self.bin_count, self.bin_sum, self.bin_sumsq = z(nb, H), z(nb, H), z(nb, H)
@@ -283,9 +287,10 @@ class ScoreAccumulator:
         self.abs_max = torch.maximum(self.abs_max, torch.where(vb, s.abs(), torch.zeros((), dtype=F64)).amax(-1))
         self._rescale(torch.maximum(self.run_max, s.amax(-1)))
         e = torch.where(vb, torch.exp(s - self.run_max[..., None]), torch.zeros((), dtype=F64))  # [m, H, C]
-        for wi, W in enumerate(self.windows):
-            near = (valid & (dist < W))[:, None, :]
-            far = (valid & (dist >= W))[:, None, :]
+        for wi, W in enumerate(self.windows):  # W [H]
+            inside = dist[:, None, :] < W[None, :, None]  # [m, H, C]
+            near = valid[:, None, :] & inside
+            far = valid[:, None, :] & ~inside
             self.zn[wi] += (e * near).sum(-1)
             self.zf[wi] += (e * far).sum(-1)
             self.zf2[wi] += (e ** 2 * far).sum(-1)
@@ -344,6 +349,7 @@ def probe_layer(module, q, k, v, x, idx, positions, *, edges, windows, chunk: in
                 background: bool = True) -> list[tuple[ScoreAccumulator, PreparedLayer]]:
     """Run the streamed probes of one layer for every window ``b`` of the batch.
 
+    windows: near-set widths, each an int or ``[H]`` per-head widths.
     positions: ``[B, m]`` sampled query positions per window. With ``background``, b̂ = the mean of the window's
     (untransported) values per head is the coherent background of M6: the far sum carries P_{j→i} b̂, i.e.
     R(−Φ_j) b̂ before the final R(Φ_i) for Q/K/V rotations (a norm-preserving rotation, left out) and b̂ otherwise.
