@@ -6,7 +6,15 @@ settings), so the notebooks share one pass over the models. The ``*_summary`` fu
 the ``(data, claims)`` of each figure.
 
 Per profile: evaluation lengths (the first is the training context), windows per length, sampled queries per
-window (in the last ``span`` positions), near-set widths W (the first is the main one).
+window (in the last ``span`` positions), fixed near-set widths W reported alongside, the largest lag of the M2 angle
+statistics and the windows of the M2 pass that sets the per-head widths.
+
+Near/far split: by default the main width is W per (layer, head) from the M2 measurement of the same model at the
+training length (:func:`pathlab.probes.model.learned_head_windows`: W_h = min{n : Σ_b |u_b| |C_b(n)| ≤ ε}); heads
+without a finite window (RoPE, ALiBi, FoX, PaTH, or no mixing within ``angle_lag``) fall back to the training
+context length (SPEC §5.3), so that far = beyond training. ``near_width=<int>`` overrides it for every head. The
+fixed ``near`` widths follow as extra widths (index 1, 2, …). Every summary records the widths used under
+``data["near_sets"]``.
 """
 
 from __future__ import annotations
@@ -24,11 +32,11 @@ from pathlab.probes import farmass, runs
 
 SETTINGS = {
     "tiny-cpu": {"lengths": [256, 1024, 4096], "n_windows": 2, "n_queries": 32, "span": 128, "near": [32, 128],
-                 "angle_lag": 255},
+                 "angle_lag": 255, "m2_windows": 8},
     "h200-mini": {"lengths": [512, 2048, 8192, 32768, 65536], "n_windows": 4, "n_queries": 64, "span": 512,
-                  "near": [64, 512], "angle_lag": 4096},
+                  "near": [64, 512], "angle_lag": 4096, "m2_windows": 64},
     "owt16": {"lengths": [512, 2048, 8192, 32768, 65536], "n_windows": 4, "n_queries": 64, "span": 512,
-              "near": [64, 512], "angle_lag": 4096},
+              "near": [64, 512], "angle_lag": 4096, "m2_windows": 64},
 }
 # Trained variants each figure compares; a fast (CI) run keeps only runs.FAST_VARIANTS.
 FIGURE_VARIANTS = {
@@ -70,7 +78,9 @@ def variants_for(figure: str, fast: bool, only=None) -> list[str]:
     return chosen
 
 
-FAST = {"lengths": [256, 768], "n_windows": 1, "n_queries": 8, "span": 64, "near": [32, 128], "angle_lag": 255}
+FAST = {"lengths": [256, 768], "n_windows": 1, "n_queries": 8, "span": 64, "near": [32, 128], "angle_lag": 255,
+        "m2_windows": 2}
+M2_EPS = 0.05  # ε of the per-head mixing window W_h(ε) that sets the near set
 
 
 def settings(profile: str, fast: bool) -> dict:
@@ -91,7 +101,7 @@ def probe_device() -> str:
 def _fingerprint(run: Path, params: dict) -> str:
     ckpt = run / "ckpt.pt"
     stat = ckpt.stat()
-    text = json.dumps({"ckpt": [stat.st_size, int(stat.st_mtime)], "params": params, "version": 1}, sort_keys=True)
+    text = json.dumps({"ckpt": [stat.st_size, int(stat.st_mtime)], "params": params, "version": 2}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -122,12 +132,50 @@ def show_progress() -> bool:
     return not os.environ.get("PATHLAB_NO_PROGRESS")
 
 
-def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, progress: bool | None = None) -> dict:
-    """``{variant: {length: measure_model(...) result}}``, computed once and cached per checkpoint."""
+def check_near_width(near_width) -> int | None:
+    """``None`` (per-head W from M2, the default) or a fixed width ≥ 1 for every layer and head."""
+    if near_width is None:
+        return None
+    if isinstance(near_width, bool) or not isinstance(near_width, (int, np.integer)) or near_width < 1:
+        raise ValueError(f"near_width must be None (per-head W from M2) or an integer ≥ 1, got {near_width!r}")
+    return int(near_width)
+
+
+def near_widths(model, run_cfg, cfg: dict, seed: int, near_width: int | None) -> dict:
+    """The main near-set width per (layer, head): M2 (:func:`learned_head_windows`) or the ``near_width`` override.
+
+    Returns ``{"W": [layers, H], "source": [layers, H] of "m2" | "fallback" | "override", "fallback_width", "eps"}``
+    plus the M2 curves (``coherence``, ``rho_s_pred`` ``[n, layers, H]``) when measured.
+    """
+    from pathlab.probes.model import learned_head_windows
+
+    block = int(run_cfg["data"]["block_size"])
+    L0 = cfg["lengths"][0]
+    if near_width is not None:
+        shape = (len(model.blocks), model.blocks[0].attn.n_head)
+        return {"W": np.full(shape, float(near_width)), "source": np.full(shape, "override"),
+                "fallback_width": block, "eps": M2_EPS}
+    windows = runs.validation_windows(run_cfg, L0, cfg["m2_windows"], seed + 1)
+    hw = learned_head_windows(model, windows, n_max=min(cfg["angle_lag"], L0 - 1), fallback=block, eps=M2_EPS)
+    out = {"W": hw["W"], "W_m2": hw["W_m2"], "source": np.where(hw["fallback"], "fallback", "m2"),
+           "fallback_width": block, "eps": M2_EPS}
+    if hw["coherence"] is not None:
+        out.update(coherence=hw["coherence"], rho_s_pred=hw["rho_s_pred"])
+    return out
+
+
+def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, progress: bool | None = None,
+                 near_width: int | None = None) -> dict:
+    """``{variant: {length: measure_model(...) result}}``, computed once and cached per checkpoint.
+
+    The main near-set width is W per (layer, head) from M2 (``near_width=None``) or ``near_width`` for every head;
+    each result holds it as ``near`` (see :func:`near_widths`) and ``near_windows[0]``.
+    """
     from pathlab.figures import project_path
     from pathlab.probes.model import measure_model
     from pathlab.train import load_run
 
+    near_width = check_near_width(near_width)
     cfg = settings(profile, fast)
     progress = show_progress() if progress is None else progress
     dirs = runs.ensure_runs(profile, variants, fast=fast, progress=progress)
@@ -135,10 +183,10 @@ def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, p
     out = {}
     for v in variants:
         out[v] = {}
-        model = run_cfg = None
+        model = run_cfg = near = None
         for L in cfg["lengths"]:
-            params = {k: cfg[k] for k in ("n_windows", "n_queries", "span", "near", "angle_lag")} | {"L": L,
-                                                                                                  "seed": seed}
+            params = {k: cfg[k] for k in ("n_windows", "n_queries", "span", "near", "angle_lag", "m2_windows")} | {
+                "L": L, "seed": seed, "near_width": near_width, "m2_eps": M2_EPS}
             path = cache / v / f"L{L}-{_fingerprint(dirs[v], params)}.npz"
             if path.exists():
                 with np.load(path) as arrays:
@@ -146,10 +194,15 @@ def measurements(profile: str, variants, *, fast: bool = False, seed: int = 0, p
                 continue
             if model is None:
                 model, run_cfg = load_run(dirs[v], device=probe_device())
+                near = near_widths(model, run_cfg, cfg, seed, near_width)
             windows = runs.validation_windows(run_cfg, L, cfg["n_windows"], seed)
             res = measure_model(model, windows, n_queries=cfg["n_queries"], span=min(cfg["span"], L),
-                                near_windows=cfg["near"], angle_lag=min(cfg["angle_lag"], L - 1), seed=seed)
+                                near_windows=[near["W"], *cfg["near"]], angle_lag=min(cfg["angle_lag"], L - 1),
+                                seed=seed)
             res["block_size"] = run_cfg["data"]["block_size"]
+            # the widths used (every length); the M2 curves once, with the training length
+            res["near"] = {k: v_ for k, v_ in near.items() if L == cfg["lengths"][0] or k not in
+                           ("coherence", "rho_s_pred")}
             buf = io.BytesIO()
             np.savez_compressed(buf, **_flatten(res))
             from pathlab.results import atomic_write_bytes
@@ -168,33 +221,65 @@ def _median_heads(a, axis=-1):
         return np.nanmedian(a, axis=axis)
 
 
+def main_widths(m: dict) -> np.ndarray:
+    """The main near-set width W per (layer, head) of one measurement, ``[layers, H]``."""
+    return np.asarray(m["near_windows"])[0]
+
+
+def near_sets(meas: dict) -> dict:
+    """Per variant, the near-set widths used (training-length measurement): ``W`` ``[layers, H]``, where each came
+    from (``source``: "m2", "fallback" = training context, "override"), the fallback width, ε and the extra fixed
+    widths."""
+    out = {}
+    for v, by_len in meas.items():
+        m = by_len[min(by_len)]
+        W = main_widths(m)
+        near = m.get("near") or {}
+        source = near.get("source", np.full(W.shape, "given"))
+        out[v] = {"W": W, "source": np.asarray(source).tolist(), "fallback_width": near.get("fallback_width"),
+                  "eps": near.get("eps"), "extra_widths": [float(np.median(w)) for w in np.asarray(m["near_windows"])[1:]],
+                  "fallback_fraction": float(np.mean(np.asarray(source) == "fallback"))}
+    return out
+
+
 def far_mass_summary(meas: dict) -> tuple[dict, dict]:
     """M4: ρ_D(L) per variant (mean over queries, median over heads, per layer) and its prediction from the
-    training-length gap Γ̂ (median over queries per layer/head): ρ̂ = mean_i M_L(i) / (M_L(i) + e^{Γ̂})."""
-    data, claims = {"variants": {}}, {}
+    training-length gap alone (:func:`farmass.predict_far_mass`): Γ̂ = median over the training-length queries per
+    layer/head, ρ̂ = mean_i M_L(i) / (M_L(i) + e^{Γ̂}), M_L(i) = i − W + 1 with the per-head W.
+
+    Γ̂ is NaN for heads without a far key at the training length (W ≥ training context: the fallback heads), so
+    ``predicted`` and ``measured_predictable`` are medians over the predictable heads only (NaN if none);
+    ``measured`` is over every head."""
+    data, claims = {"variants": {}, "near_sets": near_sets(meas)}, {}
     for v, by_len in meas.items():
         lengths = sorted(by_len)
         base = by_len[lengths[0]]
-        gap_hat = np.nanmedian(base["per_query"]["gap"][:, 0], axis=1)  # [layers, H]
-        rows = {"lengths": lengths, "measured": [], "predicted": [], "measured_heads": [], "lam_median": []}
+        gap_train = base["per_query"]["gap"][:, 0]  # [layers, Q, H]
+        gap_hat = farmass.fit_gap_per_head(gap_train, axis=1)  # [layers, H]
+        ok = np.isfinite(gap_hat)
+        rows = {"lengths": lengths, "measured": [], "predicted": [], "measured_predictable": [], "measured_heads": [],
+                "predicted_heads": [], "lam_median": []}
         for L in lengths:
             pq = by_len[L]["per_query"]
-            rho = pq["far_mass"][:, 0]  # [layers, Q, H]
-            m_far = pq["m_far"][:, 0]
-            pred = farmass.far_mass_from_gap(m_far, gap_hat[:, None, :])
-            rows["measured"].append(_median_heads(np.nanmean(rho, axis=1)))  # [layers]
-            rows["predicted"].append(_median_heads(np.nanmean(pred, axis=1)))
-            rows["measured_heads"].append(np.nanmean(rho, axis=1))  # [layers, H]
+            rho = np.nanmean(pq["far_mass"][:, 0], axis=1)  # [layers, H]
+            pred = np.nanmean(farmass.predict_far_mass(gap_train, pq["m_far"][:, 0]), axis=1)  # [layers, H]
+            rows["measured"].append(_median_heads(rho))  # [layers]
+            rows["predicted"].append(_median_heads(np.where(ok, pred, np.nan)))
+            rows["measured_predictable"].append(_median_heads(np.where(ok, rho, np.nan)))
+            rows["measured_heads"].append(rho)
+            rows["predicted_heads"].append(pred)
             rows["lam_median"].append(float(np.nanmedian(pq["lam"][:, 0])))
         rows["gap_hat"] = gap_hat
-        rows["W"] = int(base["near_windows"][0])
+        rows["W"] = main_widths(base)  # [layers, H]
+        rows["predictable_fraction"] = float(np.mean(ok))
         data["variants"][v] = rows
     for v in ("rot_random_qk", "rot_learned_qk"):
         if v in data["variants"]:
             r = np.mean(np.array(data["variants"][v]["measured"]), axis=1)
             claims[f"{v}_far_mass_rises_with_length"] = bool(np.all(np.diff(r) > 0))
             p = np.mean(np.array(data["variants"][v]["predicted"]), axis=1)
-            claims[f"{v}_prediction_within_0.1"] = bool(np.all(np.abs(p - r) <= 0.1))
+            rp = np.mean(np.array(data["variants"][v]["measured_predictable"]), axis=1)
+            claims[f"{v}_prediction_within_0.1"] = bool(np.all(np.abs(p - rp) <= 0.1))  # False if none predictable
     if "alibi" in data["variants"]:
         r = np.mean(np.array(data["variants"]["alibi"]["measured"]), axis=1)
         claims["alibi_far_mass_saturates"] = bool(abs(r[-1] - r[-2]) < 0.05)
@@ -205,7 +290,7 @@ def bound_summary(meas: dict, eps: float = 0.5) -> tuple[dict, dict]:
     """M5: every sampled query's (bound, ρ_D), λ per length, and the implied maximum safe length L_max(ε)."""
     from pathlab.probes.bounds import max_safe_length
 
-    data, claims, violations = {"variants": {}, "eps": eps}, {}, 0
+    data, claims, violations = {"variants": {}, "eps": eps, "near_sets": near_sets(meas)}, {}, 0
     for v, by_len in meas.items():
         rows = {}
         for L, m in sorted(by_len.items()):
@@ -214,7 +299,8 @@ def bound_summary(meas: dict, eps: float = 0.5) -> tuple[dict, dict]:
             ok = np.isfinite(rho) & (pq["m_far"][:, 0].ravel() > 0)
             violations += int(np.sum(rho[ok] < bound[ok] * (1 - 1e-9)))
             k = pq["k_near"][:, 0].ravel()
-            lmax = max_safe_length(eps, np.maximum(k, 1), lam, m["near_windows"][0])
+            W = np.broadcast_to(main_widths(m)[:, None, :], pq["lam"][:, 0].shape).ravel()  # per query and head
+            lmax = max_safe_length(eps, np.maximum(k, 1), lam, W)
             rows[str(L)] = {"far_mass": rho[ok], "bound": bound[ok], "lam_median": float(np.median(lam)),
                             "lam_max": float(np.max(lam)), "L_max_median": float(np.median(lmax))}
         data["variants"][v] = rows
@@ -229,8 +315,9 @@ def bound_summary(meas: dict, eps: float = 0.5) -> tuple[dict, dict]:
 
 
 def score_summary(meas: dict) -> tuple[dict, dict]:
-    """M3: μ(n), σ(n), log m(n) (median over heads, first and last layer) per length; the gaps Δ^max, Δ^mean, Γ."""
-    data, claims = {"variants": {}}, {}
+    """M3: μ(n), σ(n), log m(n) (median over heads, first and last layer) per length; the gaps Δ^max, Δ^mean, Γ
+    for the main (per-head) W and the extra fixed widths. ``W``: per width, the median over layer 0's heads."""
+    data, claims = {"variants": {}, "near_sets": near_sets(meas)}, {}
     for v, by_len in meas.items():
         rows = {}
         for L, m in sorted(by_len.items()):
@@ -243,7 +330,8 @@ def score_summary(meas: dict) -> tuple[dict, dict]:
                                for l in (0, pb["mean"].shape[0] - 1)},
                             "gaps": {g: [float(np.nanmedian(pq[g][l, 0])) for l in range(pq[g].shape[0])]
                                      for g in ("delta_max", "delta_mean", "gap")},
-                            "W": [int(w) for w in m["near_windows"]]}
+                            "W": [float(np.median(w[0])) for w in np.asarray(m["near_windows"])],
+                            "W_heads": main_widths(m)}
         data["variants"][v] = rows
     for v in ("rot_random_qk", "rot_learned_qk", "rot_random_qkv"):
         if v in data["variants"]:
@@ -261,8 +349,10 @@ def score_summary(meas: dict) -> tuple[dict, dict]:
         H = m["per_bin"]["mean"].shape[-1]
         edges = m["edges"]
         centers = 0.5 * (edges[:-1] + edges[1:] - 1)
-        far = (edges[:-1] >= m["near_windows"][0]) & (m["per_bin"]["count"][0, :, 0] > 0)
-        slopes = [np.polyfit(centers[far], m["per_bin"]["log_mean_exp"][0, far, h], 1)[0] for h in range(H)]
+        W0 = main_widths(m)[0]  # [H], layer 0
+        far = [(edges[:-1] >= W0[h]) & (m["per_bin"]["count"][0, :, 0] > 0) for h in range(H)]
+        far = [f if f.sum() >= 2 else (m["per_bin"]["count"][0, :, 0] > 0) & (edges[:-1] >= 1) for f in far]
+        slopes = [np.polyfit(centers[far[h]], m["per_bin"]["log_mean_exp"][0, far[h], h], 1)[0] for h in range(H)]
         rel = np.abs(np.array(slopes) + alibi_slopes(H).numpy()) / alibi_slopes(H).numpy()
         data["alibi_log_mean_exp_slopes"] = {"fitted": slopes, "minus_m_h": (-alibi_slopes(H)).tolist()}
         claims["alibi_log_mean_exp_slope_is_minus_m_h"] = bool(np.median(rel) < 0.25)
@@ -271,7 +361,7 @@ def score_summary(meas: dict) -> tuple[dict, dict]:
 
 def coherence_summary(meas: dict) -> tuple[dict, dict]:
     """M6: κ against 1/√M_eff per query (Q/K/V vs Q/K), and ‖o_F‖/‖o_N‖ against L."""
-    data, claims = {"variants": {}}, {}
+    data, claims = {"variants": {}, "near_sets": near_sets(meas)}, {}
     for v, by_len in meas.items():
         rows = {"lengths": sorted(by_len), "far_near_ratio": [], "kappa_median": [], "inv_sqrt_meff_median": []}
         for L in rows["lengths"]:
@@ -295,18 +385,41 @@ def coherence_summary(meas: dict) -> tuple[dict, dict]:
     return data, claims
 
 
-def learned_summary(meas: dict, eps: float = 0.05) -> tuple[dict, dict]:
-    """M2: learned γ and W per layer/head/block (training length), and ρ_s(n) at every length."""
-    data, claims = {"variants": {}, "eps": eps}, {}
+def _bin_average(curve, edges) -> np.ndarray:
+    """Mean of ``curve[k] = f(k + 1)`` ``[n, ...]`` over the distances of each bin [edges_k, edges_{k+1}) -> ``[n_bins, ...]``
+    (NaN for bins outside 1 … n)."""
+    curve = np.asarray(curve, np.float64)
+    n = np.arange(1, curve.shape[0] + 1)
+    out = np.full((len(edges) - 1,) + curve.shape[1:], np.nan)
+    for b in range(len(edges) - 1):
+        sel = (n >= edges[b]) & (n < edges[b + 1])
+        if sel.any():
+            out[b] = np.nanmean(curve[sel], axis=0)
+    return out
+
+
+def learned_summary(meas: dict, eps: float = 0.05, vanish: float = 0.1) -> tuple[dict, dict]:
+    """M2: learned γ and W per layer/head/block (training length), ρ_s(n) at every length, the prediction
+    ρ̂_s(n) = Σ_b Re(u_b C_b(n)) and the per-head windows W_h of the near set.
+
+    Claims (SPEC M2, expected outcomes): ``*_rho_s_stationary_across_lengths`` (median-head curves at the first and
+    last length within 0.1); ``*_rho_s_vanishes_beyond_window`` (median |ρ_s| over the bins at n ≥ W_h of the heads
+    with an M2 window, at the largest length, below ``vanish``; False when no head mixes);
+    ``*_rho_s_matches_prediction`` (measured and predicted median-head curves within 0.1 at the training length);
+    ``rope_rho_s_does_not_decay`` (median over heads of |ρ_s| in the farthest bin above ``vanish``)."""
+    data, claims = {"variants": {}, "eps": eps, "near_sets": near_sets(meas)}, {}
     for v, by_len in meas.items():
         Ls = sorted(by_len)
-        rows = {"rho_s": {}}
+        rows = {"rho_s": {}, "W_heads": main_widths(by_len[Ls[0]])}
         base = by_len[Ls[0]]
+        near = base.get("near") or {}
         if "angles" in base:
             a = base["angles"]
             rows.update({"gamma": a["gamma"], "W_emp": a["W_emp"], "W_pred": a["W_pred"],
                          "coherence_median": np.median(a["coherence"], axis=(1, 2)),
                          "finite_window_fraction": float(np.mean(np.isfinite(a["W_emp"])))})
+        if "W_m2" in near:
+            rows["W_m2"] = near["W_m2"]  # [layers, H], inf: no mixing within the measured lags
         for L in Ls:
             pb = by_len[L]["per_bin"]
             if pb.get("rho_s") is None:
@@ -315,15 +428,43 @@ def learned_summary(meas: dict, eps: float = 0.05) -> tuple[dict, dict]:
             keep = pb["count"][0, :, 0] > 0
             rows["rho_s"][str(L)] = {"n": (0.5 * (edges[:-1] + edges[1:] - 1))[keep],
                                      "rho_s": _median_heads(np.nanmean(pb["rho_s"], axis=0)[keep])}
+        if near.get("rho_s_pred") is not None and base["per_bin"].get("rho_s") is not None:
+            edges = base["edges"]
+            keep = base["per_bin"]["count"][0, :, 0] > 0
+            pred = _bin_average(near["rho_s_pred"], edges)[keep]  # [bins, layers, H]
+            with np.errstate(all="ignore"):
+                rows["rho_s_pred"] = {"n": (0.5 * (edges[:-1] + edges[1:] - 1))[keep],
+                                      "rho_s_pred": _median_heads(np.nanmean(pred, axis=1)),
+                                      "head_coherence_median": _median_heads(np.nanmean(
+                                          _bin_average(near["coherence"], edges)[keep], axis=1))}
         data["variants"][v] = rows
-    for v in ("rot_random_qk", "rot_learned_qk"):
-        r = data["variants"].get(v, {}).get("rho_s", {})
-        if len(r) >= 2:
-            Ls = sorted(r, key=int)
-            a, b = r[Ls[0]], r[Ls[-1]]
+    for v in ("rot_random_qk", "rot_learned_qk", "rot_random_qkv"):
+        if v not in meas:
+            continue
+        r = data["variants"][v]
+        rs = r.get("rho_s", {})
+        if len(rs) >= 2:
+            Ls = sorted(rs, key=int)
+            a, b = rs[Ls[0]], rs[Ls[-1]]
             common = min(len(a["n"]), len(b["n"]))
             claims[f"{v}_rho_s_stationary_across_lengths"] = bool(
                 np.nanmax(np.abs(a["rho_s"][:common] - b["rho_s"][:common])) < 0.1)
+        m = meas[v][max(meas[v])]
+        if m["per_bin"].get("rho_s") is not None and "W_m2" in r:
+            lower = np.asarray(m["edges"])[:-1]
+            counted = m["per_bin"]["count"] > 0  # [layers, bins, H]
+            beyond = (lower[None, :, None] >= np.asarray(r["W_m2"])[:, None, :]) & counted
+            vals = np.abs(m["per_bin"]["rho_s"])[beyond]
+            claims[f"{v}_rho_s_vanishes_beyond_window"] = bool(vals.size and np.nanmedian(vals) < vanish)
+        if "rho_s_pred" in r:
+            meas0 = r["rho_s"][str(min(meas[v]))]["rho_s"]
+            diff = np.abs(meas0 - r["rho_s_pred"]["rho_s_pred"])
+            claims[f"{v}_rho_s_matches_prediction"] = bool(np.any(np.isfinite(diff)) and np.nanmax(diff) < 0.1)
+    if "rope" in meas:
+        m = meas["rope"][max(meas["rope"])]
+        if m["per_bin"].get("rho_s") is not None:
+            last = np.nonzero(m["per_bin"]["count"][0, :, 0] > 0)[0][-1]
+            claims["rope_rho_s_does_not_decay"] = bool(np.nanmedian(np.abs(m["per_bin"]["rho_s"][:, last])) > vanish)
     return data, claims
 
 
