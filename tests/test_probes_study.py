@@ -37,7 +37,8 @@ def test_summaries_have_bool_claims_and_expected_fields(meas):
     assert np.all(np.asarray(data["variants"]["rot_random_qkv"]["kappa"]) <= 1 + 1e-9)
     data, _ = study.far_mass_summary(meas)
     r = data["variants"]["rot_random_qk"]
-    assert np.array(r["measured"]).shape == (2, 2) and r["W"] == 8
+    assert np.array(r["measured"]).shape == (2, 2) and np.all(r["W"] == 8) and r["W"].shape == (2, 2)
+    assert all(set(d["near_sets"]) == set(meas) for d in (data, study.score_summary(meas)[0]))
 
 
 def test_far_mass_claims_follow_the_numbers(meas):
