@@ -80,3 +80,21 @@ def test_a_failing_flex_attention_falls_back_loudly(monkeypatch):
     out = pathlab.alibi_attention(q, k, v)  # no second attempt, no second warning
     assert rel_err(out, reference.alibi_attention(q, k, v)) < 1e-10
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("T", [1, 100, 128, 300, 1000])
+def test_causal_block_mask_is_the_causal_mask(T):
+    """The block mask built from its block structure equals create_block_mask's and attends causally."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    built = softmax_ops._causal_block_mask(T, "cpu")
+    dense = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, T, T, device="cpu")
+    assert built.seq_lengths == (T, T)
+    assert torch.equal(built.to_dense(), dense.to_dense())
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unfused CPU flex_attention warns that it is unfused
+        out = flex_attention(q, k, v, block_mask=built)
+    assert rel_err(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 1e-5
