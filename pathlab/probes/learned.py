@@ -18,9 +18,10 @@ The prediction is exact when the phases are independent of q and k; Σ_b Re u_b 
 SPEC's Σ_b w_b Re C_b(n), w_b = E[q_bᵀk_b]/E[qᵀk] (first moments, no q_bᵀJk_b term) to the second moments that
 ρ_s is made of. The per-head window of the near/far split is taken from its envelope
 
-    c_h(n) = Σ_b |u_b| c_{h,b}(n) ≥ |ρ̂_s(n)|,        W_h(ε) = min{n ≥ 1 : c_h(n) ≤ ε},
+    c_h(n) = Σ_b |u_b| c_{h,b}(n) / Σ_b |u_b|  ∈ [0, 1],     W_h(ε) = min{n ≥ 1 : c_h(n) ≤ ε},
 
-which does not cross zero where ρ̂_s oscillates (RoPE-like blocks), so a head gets a finite window only when the
+(a score-weighted average of the block coherences, with |ρ̂_s(n)| ≤ c_h(n) Σ_b |u_b|), which does not cross
+zero where ρ̂_s oscillates (RoPE-like blocks), so a head gets a finite window only when the
 blocks that carry its score energy have mixed. Heads with no such n ≤ n_max get a fallback width (see
 :func:`head_windows`).
 
@@ -140,11 +141,14 @@ def predicted_score_decorrelation(corr, weights) -> np.ndarray:
 
 
 def head_coherence(corr, weights) -> np.ndarray:
-    """c_h(n) = Σ_b |u_b| |C_b(n)| (≥ |ρ̂_s(n)|): ``corr [n, H, Db]``, ``weights [H, Db]`` -> ``[n, H]``."""
+    """c_h(n) = Σ_b |u_b| |C_b(n)| / Σ_b |u_b| (1 at n = 0; NaN for a head with u = 0):
+    ``corr [n, H, Db]``, ``weights [H, Db]`` -> ``[n, H]``."""
     corr, weights = np.asarray(corr), np.asarray(weights)
     if corr.ndim != 3 or weights.shape != corr.shape[1:]:
         raise ValueError(f"corr must be [n, H, Db] and weights [H, Db], got {corr.shape} and {weights.shape}")
-    return (np.abs(corr) * np.abs(weights)[None]).sum(-1)
+    w = np.abs(weights)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.abs(corr) * w[None]).sum(-1) / w.sum(-1)[None]
 
 
 def head_windows(coherence, eps: float = 0.05, fallback: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,8 @@ window (in the last ``span`` positions), fixed near-set widths W reported alongs
 statistics and the windows of the M2 pass that sets the per-head widths.
 
 Near/far split: by default the main width is W per (layer, head) from the M2 measurement of the same model at the
-training length (:func:`pathlab.probes.model.learned_head_windows`: W_h = min{n : Σ_b |u_b| |C_b(n)| ≤ ε}); heads
+training length (:func:`pathlab.probes.model.learned_head_windows`: W_h = min{n : c_h(n) ≤ ε} with the
+score-weighted coherence c_h(n) = Σ_b |u_b| |C_b(n)| / Σ_b |u_b|); heads
 without a finite window (RoPE, ALiBi, FoX, PaTH, or no mixing within ``angle_lag``) fall back to the training
 context length (SPEC §5.3), so that far = beyond training. ``near_width=<int>`` overrides it for every head. The
 fixed ``near`` widths follow as extra widths (index 1, 2, …). Every summary records the widths used under
@@ -101,7 +102,7 @@ def probe_device() -> str:
 def _fingerprint(run: Path, params: dict) -> str:
     ckpt = run / "ckpt.pt"
     stat = ckpt.stat()
-    text = json.dumps({"ckpt": [stat.st_size, int(stat.st_mtime)], "params": params, "version": 2}, sort_keys=True)
+    text = json.dumps({"ckpt": [stat.st_size, int(stat.st_mtime)], "params": params, "version": 3}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -380,8 +381,12 @@ def coherence_summary(meas: dict) -> tuple[dict, dict]:
     if "rot_random_qkv" in data["variants"]:
         claims["qkv_far_background_incoherent"] = bool(data["variants"]["rot_random_qkv"]["kappa_median"][-1] < 0.5)
     if {"rot_random_qk", "rot_random_qkv"} <= set(data["variants"]):
-        g = lambda v: data["variants"][v]["far_near_ratio"][-1] / data["variants"][v]["far_near_ratio"][0]  # noqa
-        claims["qkv_far_output_grows_slower"] = bool(g("rot_random_qkv") < g("rot_random_qk"))
+        def growth(v):  # from the first length with far keys (none at the training length for fallback heads)
+            r = np.asarray(data["variants"][v]["far_near_ratio"], np.float64)
+            ok = np.nonzero(np.isfinite(r) & (r > 0))[0]
+            return r[-1] / r[ok[0]] if ok.size >= 2 else np.nan
+
+        claims["qkv_far_output_grows_slower"] = bool(growth("rot_random_qkv") < growth("rot_random_qk"))
     return data, claims
 
 
