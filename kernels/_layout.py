@@ -38,11 +38,18 @@ _CACHE: dict = {}
 
 def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.Tensor | None = None) -> ChunkLayout:
     """Layout for ``[B, T]`` tokens, or for packed sequences given by ``cu_seqlens`` (then B must be 1)."""
+    if cu_seqlens is not None and torch.compiler.is_compiling():
+        # packed sequences need the boundaries on the host: build the layout eagerly (one graph break)
+        return _build_layout_eager(batch, length, chunk, device, cu_seqlens)
+    # Under torch.compile the padded layout is traced (no cache: a traced tensor must not leak into it) and
+    # its sizes are computed from the shapes, so no data-dependent integer enters the graph.
+    cache = cu_seqlens is None and not torch.compiler.is_compiling()
     if cu_seqlens is None:
         key = (batch, length, chunk, str(device))
-        if key in _CACHE:
+        if cache and key in _CACHE:
             return _CACHE[key]
         n_per = -(-length // chunk)
+        max_chunks = max(1, n_per) if batch else 1
         c = torch.arange(n_per, dtype=torch.int32).repeat(batch)
         first = (torch.arange(batch, dtype=torch.int32) * n_per).repeat_interleave(n_per)
         lengths = [length] * batch
@@ -55,6 +62,7 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
         offsets = torch.tensor([0] + n_per_seq[:-1]).cumsum(0)
         first = torch.cat([torch.full((n,), int(o), dtype=torch.int32) for n, o in zip(n_per_seq, offsets)])
         simple = False
+        max_chunks = int(c.max()) + 1 if c.numel() else 1
     nc = int(c.numel())
     order = torch.argsort(c, descending=True, stable=True).to(torch.int32)
     token_of_slot = slot_of_token = None
@@ -72,15 +80,18 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
             slot += n
         token_of_slot, slot_of_token = tos.to(device), sot.to(device)
     layout = ChunkLayout(
-        chunk=chunk, n_chunks=nc, max_chunks=int(c.max()) + 1 if nc else 1, batch=batch, length=length,
+        chunk=chunk, n_chunks=nc, max_chunks=max_chunks, batch=batch, length=length,
         simple=simple, chunk_index=c.to(device), chunk_first=first.to(device), order=order.to(device),
         token_of_slot=token_of_slot, slot_of_token=slot_of_token,
     )
-    if cu_seqlens is None:
+    if cache:
         if len(_CACHE) >= 64:  # padded layouts are reused across steps; keep a bounded set
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = layout
     return layout
+
+
+_build_layout_eager = torch.compiler.disable(build_layout)
 
 
 def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

@@ -5,9 +5,11 @@ s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j + (G_i − G_j),  H_t = I �
 (the gate is not multiplied by ``scale``: FoX's convention, the same as :func:`pathlab.reference.path_attention`).
 
 Pipeline (all differentiable): chunk layout (``_layout``) → per-chunk UT transform in fp32 PyTorch (``_ut``) →
-Triton scan (``_triton_path``, a custom autograd Function) → back to ``[B, T, H, Dv]``. Extra memory of the
-backward is O(T·D) per head for the chunk factors and gradients, plus the persistent programs' scratch
-(O(T·D) in all; see ``_triton_path``).
+Triton scan (``_triton_path``) → back to ``[B, T, H, Dv]``. The scan's forward and backward are the custom ops
+``pathlab::path_scan_fwd`` / ``pathlab::path_scan_bwd`` joined by ``register_autograd``, so ``torch.compile``
+treats them as opaque calls (no graph break, no tracing into the kernels) and traces and fuses the rest. Extra
+memory of the backward is O(T·D) per head for the chunk factors and gradients, plus the persistent programs'
+scratch (O(T·D) in all; see ``_triton_path``).
 """
 
 from __future__ import annotations
@@ -56,73 +58,144 @@ def _lowp(dtype):
     return torch.float16 if dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
-class _PathScan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, qs, ks, v, w, u, sd, gl, go, layout, scale, programs):
-        from ._triton_path import _path_bwd_kernel, _path_fwd_kernel  # noqa: F401  (import checks triton)
+# ---------------------------------------------------------------------------------------------------------
+# The Triton scan as two opaque custom ops (forward and backward), wired together by ``register_autograd``.
+#
+# torch.compile must not trace into the kernel launches: Dynamo would capture the user Triton kernels and
+# Inductor would try to precompile them (on torch 2.11 / triton 3.6 that fails for ``_path_fwd_kernel``; under
+# the CPU interpreter it cannot even read their source). As custom ops they are single extern calls in the graph,
+# with fake implementations that give the output shapes; everything around them (layout, UT transform, casts)
+# stays traceable, so Inductor can fuse it. The schemas are spelled out so that no annotation parsing is needed.
 
-        H, NC, BT, D = qs.shape
-        Hkv, DV = v.shape[0], v.shape[-1]
-        lowp = _lowp(v.dtype)
-        prec = "ieee" if lowp == torch.float32 else "tf32"
-        ks_l, w_l, u_l = ks.to(lowp).contiguous(), w.to(lowp).contiguous(), u.to(lowp).contiguous()
-        o = torch.full((H, NC, BT, DV), float("nan"), dtype=v.dtype, device=v.device)
-        lse = torch.full((H, NC, BT), float("nan"), dtype=torch.float32, device=v.device)
-        has_gate = gl is not None
-        num_warps, num_stages, _ = _launch_config("fwd", D, DV)
-        gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
-        go_ = go.contiguous() if has_gate else qs
-        _path_fwd_kernel[(NC, H)](
-            qs, ks_l, v, w_l, u_l, sd, gl_, go_, o, lse, layout.chunk_first, layout.chunk_index,
-            NC, scale * LOG2E,
-            GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-            num_warps=num_warps, num_stages=num_stages,
-        )
-        ctx.save_for_backward(qs, ks_l, v, w_l, u_l, sd, gl, go, o, lse)
-        ctx.layout, ctx.scale, ctx.programs = layout, scale, programs
-        return o
+_FWD_SCHEMA = (
+    "(Tensor qs, Tensor ks, Tensor v, Tensor w, Tensor u, Tensor sd, Tensor? gl, Tensor? go, "
+    "Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, float scale, int programs) "
+    "-> (Tensor, Tensor)"
+)
+_BWD_SCHEMA = (
+    "(Tensor do, Tensor qs, Tensor ks, Tensor v, Tensor w, Tensor u, Tensor sd, Tensor? gl, Tensor? go, "
+    "Tensor o, Tensor lse, Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, float scale, "
+    "int programs) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
 
-    @staticmethod
-    def backward(ctx, do):
-        from ._triton_path import _path_bwd_kernel
 
-        qs, ks_l, v, w_l, u_l, sd, gl, go, o, lse = ctx.saved_tensors
-        layout, scale = ctx.layout, ctx.scale
-        H, NC, BT, D = qs.shape
-        Hkv, DV = v.shape[0], v.shape[-1]
-        lowp = ks_l.dtype
-        prec = "ieee" if lowp == torch.float32 else "tf32"
-        do = do.to(v.dtype).contiguous()
-        delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
-        dev = qs.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        dqs = torch.full((H, NC, BT, D), float("nan"), **f32)
-        dsd = torch.full((H, NC, BT, BT), float("nan"), **f32)
-        dks = torch.zeros((Hkv, NC, BT, D), **f32)
-        dv = torch.zeros((Hkv, NC, BT, DV), **f32)
-        dw = torch.zeros((Hkv, NC, BT, D), **f32)
-        du = torch.zeros((Hkv, NC, BT, D), **f32)
-        has_gate = gl is not None
-        dg = torch.zeros((H, NC, BT), **f32) if has_gate else dqs
-        n_items = NC * H
-        num_warps, num_stages, per_sm = _launch_config("bwd", D, DV)
-        programs = ctx.programs if ctx.programs is not None else per_sm * _num_sms(dev)
-        programs = max(1, min(n_items, programs))
-        scratch = torch.empty((programs, layout.max_chunks, BT, D), dtype=lowp, device=dev)
-        _path_bwd_kernel[(programs,)](
-            qs, ks_l, v, w_l, u_l, sd, gl if has_gate else qs, go if has_gate else qs, do, lse, delta,
-            dqs, dks, dv, dw, du, dsd, dg, scratch,
-            layout.chunk_first, layout.chunk_index, layout.order,
-            NC, H, n_items, layout.max_chunks, scale, scale * LOG2E,
-            GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-            PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-            NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
-        )
-        dgl = dgo = None
-        if has_gate:
-            dgl = dg
-            dgo = dg.sum(-1).to(torch.float64)  # G_i = offset[chunk] + G_local[i]
-        return dqs, dks, dv.to(v.dtype), dw, du, dsd, dgl, dgo, None, None, None
+def _scan_fwd_impl(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
+    """Forward scan: o ``[H, NC, BT, Dv]`` (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32).
+
+    ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
+    from this op's inputs by ``register_autograd``) has them.
+    """
+    from ._triton_path import _path_fwd_kernel
+
+    H, NC, BT, D = qs.shape
+    Hkv, DV = v.shape[0], v.shape[-1]
+    lowp = _lowp(v.dtype)
+    prec = "ieee" if lowp == torch.float32 else "tf32"
+    qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
+    ks_l, w_l, u_l = ks.to(lowp).contiguous(), w.to(lowp).contiguous(), u.to(lowp).contiguous()
+    o = torch.full((H, NC, BT, DV), float("nan"), dtype=v.dtype, device=v.device)
+    lse = torch.full((H, NC, BT), float("nan"), dtype=torch.float32, device=v.device)
+    has_gate = gl is not None
+    num_warps, num_stages, _ = _launch_config("fwd", D, DV)
+    gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
+    go_ = go.contiguous() if has_gate else qs
+    _path_fwd_kernel[(NC, H)](
+        qs, ks_l, v, w_l, u_l, sd, gl_, go_, o, lse, chunk_first, chunk_index,
+        NC, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return o, lse
+
+
+def _scan_fwd_fake(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
+    H, NC, BT, _ = qs.shape
+    return (v.new_empty((H, NC, BT, v.shape[-1])),
+            torch.empty((H, NC, BT), dtype=torch.float32, device=v.device))
+
+
+def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
+                   programs):
+    """Backward scan: (dq̃, dk̃, dV, dW, dU, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
+    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs."""
+    from ._triton_path import _path_bwd_kernel
+
+    H, NC, BT, D = qs.shape
+    Hkv, DV = v.shape[0], v.shape[-1]
+    lowp = _lowp(v.dtype)
+    prec = "ieee" if lowp == torch.float32 else "tf32"
+    qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
+    ks_l, w_l, u_l = ks.to(lowp).contiguous(), w.to(lowp).contiguous(), u.to(lowp).contiguous()
+    do = do.to(v.dtype).contiguous()
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
+    dev = qs.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    dqs = torch.full((H, NC, BT, D), float("nan"), **f32)
+    dsd = torch.full((H, NC, BT, BT), float("nan"), **f32)
+    dks = torch.zeros((Hkv, NC, BT, D), **f32)
+    dv = torch.zeros((Hkv, NC, BT, DV), **f32)
+    dw = torch.zeros((Hkv, NC, BT, D), **f32)
+    du = torch.zeros((Hkv, NC, BT, D), **f32)
+    has_gate = gl is not None
+    dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
+    n_items = NC * H
+    num_warps, num_stages, per_sm = _launch_config("bwd", D, DV)
+    programs = programs if programs > 0 else per_sm * _num_sms(dev)
+    programs = max(1, min(n_items, programs))
+    scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
+    _path_bwd_kernel[(programs,)](
+        qs, ks_l, v, w_l, u_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        do, lse, delta,
+        dqs, dks, dv, dw, du, dsd, dg if has_gate else dqs, scratch,
+        chunk_first, chunk_index, order,
+        NC, H, n_items, max_chunks, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
+    )
+    return dqs, dks, dv.to(v.dtype), dw, du, dsd, dg
+
+
+def _scan_bwd_fake(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
+                   programs):
+    H, NC, BT, D = qs.shape
+    Hkv, DV = v.shape[0], v.shape[-1]
+    f32 = dict(dtype=torch.float32, device=qs.device)
+    dg = torch.empty((H, NC, BT), **f32) if gl is not None else torch.empty((0,), **f32)
+    return (torch.empty((H, NC, BT, D), **f32), torch.empty((Hkv, NC, BT, D), **f32),
+            v.new_empty((Hkv, NC, BT, DV)), torch.empty((Hkv, NC, BT, D), **f32),
+            torch.empty((Hkv, NC, BT, D), **f32), torch.empty((H, NC, BT, BT), **f32), dg)
+
+
+_scan_fwd = torch.library.custom_op("pathlab::path_scan_fwd", _scan_fwd_impl, mutates_args=(), schema=_FWD_SCHEMA)
+_scan_fwd.register_fake(_scan_fwd_fake)
+_scan_bwd = torch.library.custom_op("pathlab::path_scan_bwd", _scan_bwd_impl, mutates_args=(), schema=_BWD_SCHEMA)
+_scan_bwd.register_fake(_scan_bwd_fake)
+
+
+def _scan_setup_context(ctx, inputs, output):
+    qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs = inputs
+    o, lse = output
+    ctx.save_for_backward(qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order)
+    ctx.max_chunks, ctx.scale, ctx.programs = max_chunks, scale, programs
+
+
+def _scan_backward(ctx, do, dlse):
+    """Gradients of the forward op's tensor inputs from dO (the log-sum-exp is internal: its gradient is
+    ignored). G = offset[chunk] + G_local, so the offsets' gradient is the per-chunk sum of dG_local."""
+    qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dqs, dks, dv, dw, du, dsd, dg = _scan_bwd(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index,
+                                              order, ctx.max_chunks, ctx.scale, ctx.programs)
+    dgl = dgo = None
+    if gl is not None:
+        dgl = dg
+        dgo = dg.sum(-1).to(torch.float64)
+    return dqs, dks, dv, dw, du, dsd, dgl, dgo, None, None, None, None, None, None
+
+
+_scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup_context)
 
 
 def _check(q, k, v, w, beta, g, cu_seqlens):
@@ -165,6 +238,15 @@ def _check(q, k, v, w, beta, g, cu_seqlens):
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
 
 
+def _static_dim(D) -> int:
+    """The head dim as a Python int. Under ``torch.compile(dynamic=True)`` a size is a SymInt; comparing it with
+    the supported sizes specialises it, so the default scale stays a plain float (a schema ``float``)."""
+    for d in SUPPORTED_HEAD_DIMS:
+        if D == d:
+            return d
+    raise ValueError(f"head dim D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -191,7 +273,7 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
     B, T, H, D = q.shape
-    scale = D ** -0.5 if scale is None else float(scale)
+    scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"scale must be a positive number, got {scale!r}")
     BT = int(block_size or 64)
@@ -211,5 +293,6 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)
-    o = _PathScan.apply(qs, ks, vc, wc, u, sd, gl, go, layout, scale, programs)
+    o, _ = _scan_fwd(qs, ks, vc, wc, u, sd, gl, go, layout.chunk_first, layout.chunk_index, layout.order,
+                     layout.max_chunks, scale, programs or 0)
     return from_chunks(o, layout).to(q.dtype)
