@@ -1,0 +1,150 @@
+"""PaTH under ``torch.compile`` on the CPU: the Triton scan (under the interpreter) and the blockwise model path.
+
+The Triton forward and backward scans are the custom ops ``pathlab::path_scan_fwd`` / ``path_scan_bwd``
+(``kernels/path.py``), so Dynamo must see them as single opaque calls: no graph break (``fullgraph=True``) and no
+tracing into the Triton kernels (which is what made Inductor try, and on torch 2.11 / triton 3.6 fail, to
+precompile ``_path_fwd_kernel``). The kernel tests compile with Inductor (this machine has a C compiler); the
+model tests use ``backend="aot_eager"`` (Dynamo + AOT autograd, the same graphs without Inductor's C++
+code generation, which takes minutes on a shared 2-core CPU). On the CPU ``backend="auto"`` gives the model the
+blockwise PyTorch path; the compiled model with the Triton kernel runs on the GPU (see docs/kernels.md).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of the kernels
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines; the GPU runs test_kernels_gpu.py"
+)
+
+import pathlab  # noqa: E402
+from pathlab.kernels import path_attention_triton  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make(B, T, H, Hkv, D, DV, *, gate, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=gen)
+    k = torch.randn(B, T, Hkv, D, generator=gen)
+    v = torch.randn(B, T, Hkv, DV, generator=gen)
+    w = torch.randn(B, T, Hkv, D, generator=gen)
+    beta = 2 * torch.rand(B, T, Hkv, generator=gen)
+    g = torch.nn.functional.logsigmoid(1.0 + torch.randn(B, T, H, generator=gen)) if gate else None
+    return q, k, v, w, beta, g
+
+
+def outputs_and_grads(fn, inputs, seed=1):
+    """fn's output and the gradients of a random projection of it with respect to every tensor input."""
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
+    o = fn(*leaves)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed), dtype=o.dtype)
+    wanted = [t for t in leaves if t is not None]
+    return [o.detach()] + list(torch.autograd.grad(o, wanted, do))
+
+
+def assert_same(got, want, names, tol=1e-5):
+    for n, a, b in zip(names, got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{n}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
+        err = float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-6))
+        assert err <= tol, f"{n}: compiled differs from eager by {err:.2e} (relative max error, tol {tol})"
+
+
+NAMES = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+def test_compiled_kernel_matches_eager_inductor_fullgraph(gate):
+    """fp32, T = 37 with BT = 16 (a partial last chunk), grouped heads 4:2, Dv ≠ D: Inductor, one graph."""
+    inputs = make(2, 37, 4, 2, 16, 32, gate=gate)
+
+    def fn(q, k, v, w, beta, g):
+        return path_attention_triton(q, k, v, w, beta, g, block_size=16, programs=3)
+
+    want = outputs_and_grads(fn, inputs)
+    got = outputs_and_grads(torch.compile(fn, backend="inductor", fullgraph=True), inputs)
+    assert_same(got, want, NAMES)
+
+
+def test_compiled_kernel_dynamic_lengths():
+    """``dynamic=True``: one graph with a symbolic length serves T = 21 and 50 (layout built from the shapes)."""
+
+    def fn(q, k, v, w, beta, g):
+        return path_attention_triton(q, k, v, w, beta, g, block_size=16, programs=2)
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=True)
+    for T in (21, 50):
+        inputs = make(1, T, 2, 1, 16, 16, gate=True, seed=T)
+        assert_same(outputs_and_grads(compiled, inputs), outputs_and_grads(fn, inputs), NAMES)
+
+
+def test_compiled_kernel_varlen():
+    """Packed sequences: the layout needs the boundaries on the host, so it is built eagerly (a graph break);
+    the result equals eager."""
+    cu = torch.tensor([0, 7, 30, 45], dtype=torch.int32)
+    inputs = make(1, 45, 2, 2, 16, 16, gate=True)
+
+    def fn(q, k, v, w, beta, g):
+        return path_attention_triton(q, k, v, w, beta, g, cu_seqlens=cu, block_size=16, programs=2)
+
+    assert_same(outputs_and_grads(torch.compile(fn, backend="aot_eager"), inputs), outputs_and_grads(fn, inputs),
+                 NAMES)
+
+
+def test_scan_custom_ops_opcheck():
+    """``torch.library.opcheck``: schema, fake (meta) shapes, autograd registration and AOT dispatch of the
+    forward scan op, and schema/fake of the backward op."""
+    from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
+    from pathlab.kernels._ut import ut_factors
+
+    B, T, H, D = 1, 20, 2, 16
+    q, k, v, w, beta, g = make(B, T, H, H, D, D, gate=True)
+    layout = build_layout(B, T, 16, q.device)
+    wn = torch.nn.functional.normalize(w, dim=-1)
+    qs, ks, u, sd = ut_factors(to_chunks(q, layout), to_chunks(k, layout), to_chunks(wn, layout),
+                               to_chunks(beta, layout))
+    gl, go = chunk_gate(to_chunks(g, layout), layout)
+    vc, wc = to_chunks(v, layout), to_chunks(wn, layout)
+    tensors = [t.detach() for t in (qs, ks, vc, wc, u, sd, gl, go)]
+    meta = [layout.chunk_first, layout.chunk_index, layout.order]
+    fwd = torch.library.opcheck(torch.ops.pathlab.path_scan_fwd.default,
+                                [t.clone().requires_grad_() for t in tensors] + meta + [layout.max_chunks, 0.25, 2])
+    assert set(fwd.values()) == {"SUCCESS"}, fwd
+    o, lse = torch.ops.pathlab.path_scan_fwd(*tensors, *meta, layout.max_chunks, 0.25, 2)
+    bwd = torch.library.opcheck(torch.ops.pathlab.path_scan_bwd.default,
+                                [torch.randn_like(o)] + tensors + [o, lse] + meta + [layout.max_chunks, 0.25, 2],
+                                test_utils=("test_schema", "test_faketensor"))
+    assert set(bwd.values()) == {"SUCCESS"}, bwd
+
+
+@pytest.mark.parametrize("attention", ["path", "path_fox"])
+def test_compiled_model_matches_eager(attention):
+    """A small PaTH model compiled whole (``fullgraph=True``) gives eager's loss and every parameter gradient.
+    On the CPU ``backend="auto"`` is the blockwise PyTorch path (activation checkpointing per query chunk)."""
+    torch.manual_seed(0)
+    cfg = pathlab.ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, attention=attention,
+                              attention_kwargs={"chunk_size": 8})
+    model = pathlab.build_model(cfg)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 61, (2, 21), generator=gen)
+    targets = torch.randint(0, 61, (2, 21), generator=gen)
+
+    def run(net):
+        model.zero_grad(set_to_none=True)
+        _, loss = net(idx, targets)
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    want = run(model)
+    got = run(torch.compile(model, backend="aot_eager", fullgraph=True))
+    names = ["loss"] + [n for n, _ in model.named_parameters()]
+    assert_same(got, want, names, tol=1e-5)
