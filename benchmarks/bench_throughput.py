@@ -17,6 +17,12 @@ forward pass over a 65,536-token sequence per variant in bf16 without gradients;
 memory and that the loss is finite. A T x T score matrix at 65K would need 16 GiB per head in fp32, so a small
 peak shows that no variant materialises it.
 
+Isolation: every measurement (one variant, one phase) runs in its own Python subprocess with its own time limit
+(``--variant-timeout-s``), so a crash, a compiler failure or a hang of one variant is recorded as that variant's
+``error`` (with the tail of its output, its exit code, ``timed_out``) and the others still run with a fresh GPU.
+No measurement starts after the phase's ``--budget-s``, so a phase ends within about
+``--budget-s + --variant-timeout-s``. ``--in-process`` runs everything in one process instead (no isolation).
+
 Results are written (atomically, after every variant) to ``--out`` as JSON with the command line and environment.
 """
 
@@ -25,8 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,6 +135,69 @@ def eval_smoke(variant: str, args) -> dict:
     return out
 
 
+def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> dict:
+    """Run one measurement in a fresh ``python bench_throughput.py ... --worker KIND:VARIANT`` process.
+
+    Returns the worker's result dict, or ``{"variant", "error", "returncode", "timed_out", "output_tail"}`` when
+    it fails, exits without a result or runs past ``timeout_s`` (then its whole process group, compile workers
+    included, is killed).
+    """
+    with tempfile.TemporaryDirectory(prefix="bench_throughput_") as tmp:
+        result_path = Path(tmp) / "result.json"
+        log_path = Path(tmp) / "output.log"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv,
+               "--worker", f"{kind}:{variant}", "--worker-out", str(result_path)]
+        t0 = time.perf_counter()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            timed_out = False
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its compile workers
+                except ProcessLookupError:
+                    pass
+                returncode = proc.wait()
+        seconds = time.perf_counter() - t0
+        tail = log_path.read_text(errors="replace")[-3000:]
+        if not timed_out and returncode == 0 and result_path.exists():
+            out = json.loads(result_path.read_text())
+            out["subprocess_s"] = seconds
+            if "error" in out:
+                out["output_tail"] = tail  # the worker's traceback
+            return out
+    if timed_out:
+        error = f"timeout: no result after {timeout_s:.0f} s (process group killed)"
+    else:
+        last = [line for line in tail.strip().splitlines() if line.strip()]
+        error = f"worker exited with code {returncode}: {last[-1][:500] if last else 'no output'}"
+    return {"variant": variant, "error": error, "returncode": returncode, "timed_out": timed_out,
+            "subprocess_s": seconds, "output_tail": tail}
+
+
+def run_worker(spec: str, result_path: str, args) -> int:
+    """Worker mode: one measurement, its result written as JSON to ``result_path`` (exit code 0), or an
+    ``error`` entry with the traceback's last line (exit code 0 too: the failure is the variant's result)."""
+    kind, _, variant = spec.partition(":")
+    if kind not in ("throughput", "eval_smoke") or not variant:
+        raise SystemExit(f"--worker must be throughput:VARIANT or eval_smoke:VARIANT, got {spec!r}")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        r = throughput(variant, args) if kind == "throughput" else eval_smoke(variant, args)
+    except Exception as err:  # noqa: BLE001 - the failure is this variant's result
+        import traceback
+
+        traceback.print_exc()
+        r = {"variant": variant, "error": f"{type(err).__name__}: {str(err)[:2000]}"}
+    if torch.cuda.is_available():
+        r["device_name"] = torch.cuda.get_device_name(0)
+    write_json(Path(result_path), r)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default=",".join(ORDER))
@@ -145,7 +218,19 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=768)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--variant-timeout-s", type=float, default=240.0,
+                   help="time limit of one variant's subprocess (compilation included); on expiry it is killed "
+                        "and recorded as a timeout")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every variant in this process (no isolation; for debugging)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: KIND:VARIANT
+    p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    if args.worker:
+        if not args.worker_out:
+            raise SystemExit("--worker needs --worker-out")
+        return run_worker(args.worker, args.worker_out, args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_throughput: needs a CUDA device (or --device cpu for a dry run)", file=sys.stderr)
         return 2
@@ -153,12 +238,14 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = True
     variants = [v for v in args.variants.split(",") if v]
     report = {
-        "command": "python3 benchmarks/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python3 benchmarks/bench_throughput.py " + " ".join(argv),
         "setup": {"model": f"{args.layers} layers, width {args.width}, {args.width // 64} heads, vocab 50304",
                   "batch": args.batch,
                   "block": args.block, "dtype": "bf16 autocast", "optimizer": "fused AdamW",
-                  "compile": args.compile, "steps": args.steps, "warmup": args.warmup},
-        "env": {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                  "compile": args.compile, "steps": args.steps, "warmup": args.warmup,
+                  "isolation": "in-process" if args.in_process else
+                               f"one subprocess per variant, {args.variant_timeout_s:.0f} s limit"},
+        "env": {"gpu": None,  # from the first worker's result (the parent process does not touch the GPU)
                 "torch": torch.__version__, "python": platform.python_version(),
                 "triton": __import__("triton").__version__},
         "anchors_tokens_per_s": {"rope_sdpa": 436_000, "path_public_kernel": 218_000},
@@ -172,17 +259,25 @@ def main(argv=None) -> int:
     for kind, v in jobs:
         if phase_start[kind] is None:
             phase_start[kind] = time.perf_counter()
-        if time.perf_counter() - phase_start[kind] > budget[kind]:
+        used = time.perf_counter() - phase_start[kind]
+        if used > budget[kind]:
             report["skipped"].append(f"{kind}:{v} (time budget)")
             continue
-        try:
-            r = throughput(v, args) if kind == "throughput" else eval_smoke(v, args)
-        except Exception as err:  # noqa: BLE001 - record the failure and go on with the other variants
-            r = {"variant": v, "error": f"{type(err).__name__}: {str(err)[:500]}"}
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        if args.in_process:
+            try:
+                r = throughput(v, args) if kind == "throughput" else eval_smoke(v, args)
+            except Exception as err:  # noqa: BLE001 - record the failure and go on with the other variants
+                r = {"variant": v, "error": f"{type(err).__name__}: {str(err)[:500]}"}
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        else:
+            r = run_isolated(kind, v, argv, args.variant_timeout_s)
+            if report["env"]["gpu"] is None and r.get("device_name"):
+                report["env"]["gpu"] = r["device_name"]
         report[kind][v] = r
-        print(kind, json.dumps(r), flush=True)
+        if "error" in r:
+            report.setdefault("errors", {})[f"{kind}:{v}"] = r["error"]
+        print(kind, json.dumps({key: val for key, val in r.items() if key != "output_tail"}), flush=True)
         rope = report["throughput"].get("rope", {}).get("tokens_per_s")
         if rope:
             for r2 in report["throughput"].values():
