@@ -101,3 +101,13 @@ def test_no_grad_path_skips_checkpointing_and_agrees():
     with torch.no_grad():
         without = pathlab.path_attention(*inputs, backend="torch", chunk_size=16)
     assert rel_err(without, with_grad) < 1e-6
+
+
+def test_autocast_does_not_lower_the_precision_of_the_ut_prep():
+    """Under bf16 autocast the fp32 products of the blockwise path stay fp32 (autocast is off inside)."""
+    q, k, v, w, beta, g = random_path_inputs(1, 100, 2, 16, gate=True, generator=torch.Generator().manual_seed(3))
+    plain = pathlab.path_attention(q, k, v, w, beta, g, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = pathlab.path_attention(q, k, v, w, beta, g, backend="torch")
+    assert under_autocast.dtype == torch.float32
+    assert torch.equal(plain, under_autocast)

@@ -89,7 +89,10 @@ def path_attention(q, k, v, w, beta, g=None, *, scale=None, backend: str = "auto
             raise ValueError(f"backend='triton' is unavailable: {kernel}")
         if q.device.type != "cuda":
             raise ValueError(f"backend='triton' needs CUDA tensors, got q on {q.device}")
-        return kernel(q, k, v, w.to(torch.float32), beta.float(), None if g is None else g.float(), scale=scale)
+        # autocast would run the fp32 UT prep's matrix products in bf16: the dtypes here are chosen explicitly
+        with torch.autocast(q.device.type, enabled=False):
+            return kernel(q, k, v, w.to(torch.float32), beta.float(), None if g is None else g.float(), scale=scale)
     from pathlab.ops.path_blockwise import path_attention_blockwise
 
-    return path_attention_blockwise(q, k, v, w, beta, g, scale=scale, chunk_size=chunk_size)
+    with torch.autocast(q.device.type, enabled=False):
+        return path_attention_blockwise(q, k, v, w, beta, g, scale=scale, chunk_size=chunk_size)
