@@ -19,7 +19,7 @@ $(BIN)/pathlab: pyproject.toml
 setup: $(BIN)/pathlab
 
 data: setup
-	$(BIN)/pathlab data prepare debian-text
+	$(BIN)/pathlab data prepare debian
 
 figures: setup
 	$(BIN)/pathlab figures --profile $(PROFILE)
