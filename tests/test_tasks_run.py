@@ -177,3 +177,13 @@ def test_cli_suite_takes_the_sweep_lists(tmp_path):
     a5 = json.loads((tmp_path / "a5_sweep.json").read_text())
     assert mq["n_back"] == [3] and [r["settings"]["n_back"] for r in mq["runs"]] == [3]
     assert a5["lengths"] == [2] and a5["layers"] == [1]
+
+
+def test_compiled_training_step_follows_the_eager_run():
+    """compile=aot_eager traces the PaTH model's training step and trains as the eager run does."""
+    eager = run_task("mqrar", "path", profile="tiny-cpu", progress=False)
+    traced = run_task("mqrar", "path", profile="tiny-cpu", overrides={"compile": "aot_eager"}, progress=False)
+    losses = [h["train_loss"] for h in eager["history"]], [h["train_loss"] for h in traced["history"]]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    with pytest.raises(ValueError, match="compile must be one of"):
+        run_task("mqrar", "path", profile="tiny-cpu", overrides={"compile": "fast"}, progress=False)

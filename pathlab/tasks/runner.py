@@ -7,7 +7,8 @@ decay to ``min_lr_ratio * lr``, and stops at ``steps``, after ``max_seconds`` of
 which compiles, and the evaluations are not counted) or when the quick evaluation of the task's primary metric
 reaches ``stop_at``. With a time budget the schedule follows the larger of the step fraction and the time
 fraction, so a time-bounded run still ends its decay. ``precision``: fp32, tf32 (fp32 with TF32 matmuls, set
-process-wide) or bf16 (autocast).
+process-wide) or bf16 (autocast). ``compile`` (none, inductor, aot_eager) compiles the model of the training
+step.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     model = build_task_model(task, attention, s).to(device)
     model.train()
     opt = _optimizer(model, s)
+    # the compiled module shares the parameters; evaluation keeps the eager model (other batch shapes)
+    step_model = model if s["compile"] == "none" else torch.compile(model, backend=s["compile"])
 
     history: list[dict] = []
     split, metric = spec.primary
@@ -147,7 +150,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
                 chunk = list(zip(x.split(s["batch_size"]), y.split(s["batch_size"])))
             xb, yb = (t.to(device, non_blocking=True) for t in chunk.pop(0))
             with _autocast(device, s["precision"]):
-                _, loss = model(xb, yb)[:2]
+                _, loss = step_model(xb, yb)[:2]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if s["grad_clip"] > 0:

@@ -29,9 +29,13 @@ COMMON: dict[str, Any] = dict(
     max_seconds=None, stop_at=None, eval_every=100, eval_batch_size=64,
     # reproducibility and placement
     seed=0, device="auto", precision="fp32",
+    # torch.compile of the training step's model: none, inductor (fuses PaTH's per-chunk UT preparation, which
+    # otherwise launches dozens of small kernels per layer) or aot_eager (traces without code generation)
+    compile="none",
 )
 TYPES = {"max_seconds": float, "stop_at": float}
 CHOICES = {"device": ("auto", "cpu", "cuda"), "precision": ("fp32", "tf32", "bf16"),
+           "compile": ("none", "inductor", "aot_eager"),
            "loss": ("clean", "full"), "variant": ("tagging", "identity")}
 
 
