@@ -44,6 +44,11 @@ def test_notebook_structure(path):
     assert len(tagged) == 1, f"{path.name}: needs exactly one cell tagged 'parameters', found {len(tagged)}"
     params = _parameters(tagged[0])
     assert params.get("profile") == "tiny-cpu" and params.get("fast") is False and params.get("out_dir") == "figures"
+    # papermill's parser (used by `papermill --help-notebook` and parameter checks) must read every parameter
+    from papermill.translators import PythonTranslator
+
+    seen = [p.name for p in PythonTranslator.inspect(tagged[0])]
+    assert seen == list(params), f"{path.name}: papermill reads the parameters as {seen}, not {list(params)}"
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [], f"{path.name}: committed with outputs"
