@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 import pathlab  # noqa: E402
 from pathlab.kernels import path_attention_triton  # noqa: E402
+from pathlab.testing import random_path_inputs  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -33,14 +34,7 @@ def _fresh_dynamo():
 
 
 def make(B, T, H, Hkv, D, DV, *, gate, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, D, generator=gen)
-    k = torch.randn(B, T, Hkv, D, generator=gen)
-    v = torch.randn(B, T, Hkv, DV, generator=gen)
-    w = torch.randn(B, T, Hkv, D, generator=gen)
-    beta = 2 * torch.rand(B, T, Hkv, generator=gen)
-    g = torch.nn.functional.logsigmoid(1.0 + torch.randn(B, T, H, generator=gen)) if gate else None
-    return q, k, v, w, beta, g
+    return random_path_inputs(B, T, H, D, Hkv=Hkv, Dv=DV, gate=gate, generator=torch.Generator().manual_seed(seed))
 
 
 def outputs_and_grads(fn, inputs, seed=1):
