@@ -9,7 +9,7 @@ untimed iterations (compilation, autotuning) and ``--steps`` timed ones between 
 
     tokens/s = steps x 64 x 512 / elapsed.
 
-The SPEC §9 anchors on the same machine: RoPE through SDPA about 436K tokens/s; PaTH through the public kernel
+Reference anchors measured on one H200: RoPE through SDPA about 436K tokens/s; PaTH through the public kernel
 about 218K. Targets: RoPE >= 400K and every variant >= 0.8 x RoPE.
 
 65K smoke test (``--eval-length 65536``): a small random-init model (``--eval-layers`` x ``--eval-width``) runs one

@@ -2,7 +2,7 @@
 
 For each length L, the validation split is cut into non-overlapping windows of L + 1 tokens starting at a random
 offset, and ``n_windows`` of them are chosen; both choices use ``seed + L`` only, so every model sees the same
-windows (SPEC M7). A window gives L next-token predictions; then
+windows (docs/theory.md#m7). A window gives L next-token predictions; then
 
     loss(L) = mean over windows and positions of −log p(x_{t+1} | x_{≤t}),   PPL(L) = exp(loss(L)),
     ratio(L) = PPL(L) / PPL(train length),

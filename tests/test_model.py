@@ -82,7 +82,7 @@ def test_parameter_counts_of_the_paper_setting():
 
     counts = parameter_counts(paper=True)
     total, non_embedding = counts["rope"]
-    assert total == 151_905_024 and non_embedding == 113_271_552  # SPEC §3.3: 151.9M and 113.2M
+    assert total == 151_905_024 and non_embedding == 113_271_552  # nanoGPT's GPT-2 small count, 16 layers, no wpe
     assert counts["path"][0] > total and counts["nope"] == counts["rope"]
 
 

@@ -142,8 +142,8 @@ def test_measured_rho_s_of_a_model_is_the_pure_function():
 
 
 def test_far_mass_prediction_from_training_length_reproduces_the_toy_model():
-    # SPEC M4 toy model: K = 64 near keys at s = 4, far s ~ N(0, 1). Γ measured at M_L = 448 only predicts
-    # ρ_D = 0.174 / 0.420 / 0.784 / 0.938 / 0.968 at M_L = 448 / 1536 / 7680 / 32256 / 65024.
+    # M4 toy model (docs/theory.md#m4): K = 64 near keys at s = 4, far s ~ N(0, 1). Γ measured at M_L = 448
+    # only predicts ρ_D = 0.174 / 0.420 / 0.784 / 0.938 / 0.968 at M_L = 448 / 1536 / 7680 / 32256 / 65024.
     rng = np.random.default_rng(0)
     trials, m_train = 400, 448
     far = rng.normal(size=(trials, m_train))

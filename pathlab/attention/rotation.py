@@ -2,8 +2,8 @@
 
 Step angles θ_{t,h,b} = ω_b ξ_{t,h,b}, ω_b the RoPE frequencies (ξ ≡ 1 is exactly RoPE):
 
-* ``mode="random", table="token"`` (SPEC §1.3 option A): ξ = ξ_{h,b}(token), a frozen random table per layer,
-  ξ ~ 1 + τ·U[−1, 1] (τ = ``dispersion``; τ = 1 gives U[0, 2]);
+* ``mode="random", table="token"`` (option A, docs/theory.md#angles): ξ = ξ_{h,b}(token), a frozen random table per
+  layer, ξ ~ 1 + τ·U[−1, 1] (τ = ``dispersion``; τ = 1 gives U[0, 2]);
 * ``mode="random", table="position"`` (option B, the i.i.d. assumption): ξ = ξ_{h,b}(t), drawn per position;
 * ``mode="learned"``: ξ = 2σ(W_θ x_t + c), W_θ = 0 and c = 0 at initialisation, so training starts at RoPE.
 

@@ -2,7 +2,7 @@
 
 Variables are assigned and re-assigned values; a query asks for the **N-th most recent** value assigned to a
 variable (N = 1 is ordinary recall of the current value). The exact token format of the paper is not public; this
-is the reconstruction of SPEC §4.3, in Zoology's vocabulary layout (``vocab_size`` V, default 1024)::
+is our reconstruction (docs/state-tracking.md), in Zoology's vocabulary layout (``vocab_size`` V, default 1024)::
 
     0              ?   the query marker
     1 .. V/2 - 1       keys (variables)

@@ -1,4 +1,4 @@
-"""Theory-validation probes: pure functions that the notebooks call (SPEC §2, M1-M8).
+"""Theory-validation probes: pure functions that the notebooks call (M1-M8 of docs/theory.md).
 
 Synthetic (no trained model): :mod:`~pathlab.probes.mixing` (M1 mixing curves and windows),
 :mod:`~pathlab.probes.tails` (M3 far-score concentration), :mod:`~pathlab.probes.farmass` (M4 far mass and its

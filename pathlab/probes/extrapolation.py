@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 
-# Published perplexity ratios (SPEC M7, [SUMMARY]): (variant, L, L_train, ratio)
+# Published perplexity ratios ("Why Do Accumulated Transformations Extrapolate?", arXiv:2606.24975, as reported in
+# its abstract and public summaries; docs/theory.md#m7): (variant, L, L_train, ratio)
 PUBLISHED = [
     ("rope", 8192, 512, 16.2),
     ("random accumulated (Q/K or Q/K/V, not stated)", 8192, 512, 1.60),

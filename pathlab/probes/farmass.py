@@ -9,7 +9,7 @@ For a query with near set N (K keys, distances < W) and far set F (M_L keys, dis
 When the per-token statistics are stationary in the distance (the mixing mechanism), Γ measured at the training
 length predicts ρ_D at any length: a logistic in log M_L with midpoint M* = e^Γ.
 
-Toy model (SPEC M4): K near keys at score a, far scores ~ N(0, σ²), so Z_N = K e^a, m_F = e^{σ²/2}.
+Toy model (docs/theory.md#m4): K near keys at score a, far scores ~ N(0, σ²), so Z_N = K e^a, m_F = e^{σ²/2}.
 """
 
 from __future__ import annotations

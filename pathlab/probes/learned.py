@@ -8,15 +8,15 @@ coordinates (x_b, x_{b+D/2}) written as the complex number z_b = x_b + i x_{b+D/
     c_{h,b}(n) = |C_{h,b}(n)|                                   (the empirical coherence)
     W_{h,b}(ε) = min{n : c_{h,b}(n) ≤ ε}                        (and the i.i.d. prediction ⌈ln ε / ln γ⌉)
 
-Score-weighted decorrelation (SPEC M2), for pairs (i, j) at distance n = i − j, the rotated logit
+Score-weighted decorrelation (docs/theory.md#m2), for pairs (i, j) at distance n = i − j, the rotated logit
 s_ij = Σ_b Re(conj(z_{q_i,b}) e^{i(Φ_i − Φ_j)_b} z_{k_j,b}) / √D and the same logit without rotation s⁰_ij:
 
     ρ_s(n) = E[s_ij s⁰_ij] / E[(s⁰_ij)²]                         (measured: :func:`score_decorrelation`)
     ρ̂_s(n) = Σ_b Re(u_b C_b(n)),  u_b = E[conj(z_{q,b}) z_{k,b} s⁰] / (√D E[(s⁰)²])   (predicted)
 
 The prediction is exact when the phases are independent of q and k; Σ_b Re u_b = 1, so ρ̂_s(0) = 1. It generalises
-SPEC's Σ_b w_b Re C_b(n), w_b = E[q_bᵀk_b]/E[qᵀk] (first moments, no q_bᵀJk_b term) to the second moments that
-ρ_s is made of. The per-head window of the near/far split is taken from its envelope
+the first-moment form Σ_b w_b Re C_b(n), w_b = E[q_bᵀk_b]/E[qᵀk] (no q_bᵀJk_b term) to the second moments that ρ_s
+is made of. The per-head window of the near/far split is taken from its envelope
 
     c_h(n) = Σ_b |u_b| c_{h,b}(n) / Σ_b |u_b|  ∈ [0, 1],     W_h(ε) = min{n ≥ 1 : c_h(n) ≤ ε},
 
@@ -78,7 +78,7 @@ def score_decorrelation(s, s0, distance, edges) -> np.ndarray:
     ``s``, ``s0``: ``[P]`` or ``[P, H]`` logits of P query/key pairs with and without the rotation (P = I);
     ``distance``: ``[P]`` integer i − j ≥ 0; ``edges``: increasing integer bin edges, bin k = [edges_k, edges_{k+1}).
     Returns ``[n_bins]`` or ``[n_bins, H]``; NaN where a bin holds no pair (or only s⁰ = 0).
-    Ratio of sums, i.e. E[s s⁰] / E[(s⁰)²] over the pairs of each bin (SPEC M2).
+    Ratio of sums, i.e. E[s s⁰] / E[(s⁰)²] over the pairs of each bin.
     """
     s, s0 = np.asarray(s, np.float64), np.asarray(s0, np.float64)
     distance, edges = np.asarray(distance), np.asarray(edges)
@@ -155,8 +155,9 @@ def head_windows(coherence, eps: float = 0.05, fallback: int | None = None) -> t
     """Per-head mixing window W_h(ε) = min{n ≥ 1 : c_h(n) ≤ ε} from ``coherence[k] = c(k + 1)``, ``[n, ...]``.
 
     Returns ``(W, fell_back)``, both of shape ``coherence.shape[1:]``: where no n ≤ n_max reaches ε (no mixing within
-    the measured range, e.g. RoPE-like heads) W is ``fallback`` (SPEC §5.3: the training context length, so far =
-    beyond training) and ``fell_back`` is True; with ``fallback=None`` W is inf there. NaN coherence never mixes.
+    the measured range, e.g. RoPE-like heads) W is ``fallback`` (the training context length, so far = beyond
+    training; docs/theory.md#near-set) and ``fell_back`` is True; with ``fallback=None`` W is inf there. NaN
+    coherence never mixes.
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")

@@ -44,7 +44,7 @@ def gamma_gaussian(sigma) -> np.ndarray:
 
 
 def gamma_scaled_uniform(omega, low: float = 0.0, high: float = 2.0) -> np.ndarray:
-    """|E e^{iωξ}| = |sinc(ω (high − low) / 2)| for ξ ~ U[low, high] (RoPE-scaled random angles, SPEC §1.3)."""
+    """|E e^{iωξ}| = |sinc(ω (high − low) / 2)| for ξ ~ U[low, high] (RoPE-scaled random angles, option A)."""
     half = 0.5 * np.asarray(omega, dtype=np.float64) * (high - low)
     return np.abs(np.sinc(half / np.pi))  # np.sinc(x) = sin(πx)/(πx)
 
@@ -99,7 +99,7 @@ def gaussian_angles(sigma: float, mu: float = 0.0) -> AngleSampler:
 
 
 def scaled_uniform_angles(omega, low: float = 0.0, high: float = 2.0) -> AngleSampler:
-    """θ_b = ω_b ξ, ξ ~ U[low, high] i.i.d. per position and block (option B of SPEC §1.3)."""
+    """θ_b = ω_b ξ, ξ ~ U[low, high] i.i.d. per position and block (option B of docs/theory.md#angles)."""
     omega = np.asarray(omega, dtype=np.float64)
     return lambda rng, shape: omega * rng.uniform(low, high, size=shape)
 

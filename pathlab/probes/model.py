@@ -60,7 +60,7 @@ def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: 
     Per layer with step angles θ (accumulated rotations): C_{h,b}(n) (:func:`learned.phase_correlation`), the
     score weights u_{h,b} of the unrotated q, k (:func:`learned.block_score_weights`), the envelope
     c_h(n) = Σ_b |u_b| |C_b(n)| / Σ_b |u_b| for n = 1 … n_max and W_h = min{n : c_h(n) ≤ ε}.
-    Fallback ``fallback`` (SPEC §5.3:
+    Fallback ``fallback`` (docs/theory.md#near-set:
     the training context, so far = beyond training) for heads with no such n, and for every head of a layer
     without step angles (RoPE: deterministic, no mixing; ALiBi, FoX, NoPE: no transport; PaTH: its Householder
     transport has no per-block phase, which this measurement does not cover).

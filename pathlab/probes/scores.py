@@ -148,7 +148,7 @@ def _path_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int
 
     Keys at or after the earliest query: carry the queries one key at a time, u ← H_j u after using key j (H is
     symmetric), starting at u = q_i. Keys before it: all queries are carried, so whole chunks of C keys use the UT
-    form (SPEC §8): with rows W, D = diag(β), A = (I + strictLower(D W Wᵀ))⁻¹ and U = A D W,
+    form (docs/kernels.md, "How it works"): with rows W, D = diag(β), A = (I + strictLower(D W Wᵀ))⁻¹ and U = A D W,
     the chunk's keys carried to its right edge are K̃ = K − (A D strictLower(W Kᵀ))ᵀ W, the logits are u·K̃, and
     the queries cross the chunk as u ← u − (u Wᵀ) U.
     """

@@ -13,9 +13,9 @@ Near/far split: by default the main width is W per (layer, head) from the M2 mea
 training length (:func:`pathlab.probes.model.learned_head_windows`: W_h = min{n : c_h(n) ≤ ε} with the
 score-weighted coherence c_h(n) = Σ_b |u_b| |C_b(n)| / Σ_b |u_b|); heads
 without a finite window (RoPE, ALiBi, FoX, PaTH, or no mixing within ``angle_lag``) fall back to the training
-context length (SPEC §5.3), so that far = beyond training. ``near_width=<int>`` overrides it for every head. The
-fixed ``near`` widths follow as extra widths (index 1, 2, …). Every summary records the widths used under
-``data["near_sets"]``.
+context length, so that far = beyond training (docs/theory.md#near-set). ``near_width=<int>`` overrides it for
+every head. The fixed ``near`` widths follow as extra widths (index 1, 2, …). Every summary records the widths
+used under ``data["near_sets"]``.
 """
 
 from __future__ import annotations
@@ -407,9 +407,9 @@ def learned_summary(meas: dict, eps: float = 0.05, vanish: float = 0.1) -> tuple
     """M2: learned γ and W per layer/head/block (training length), ρ_s(n) at every length, the prediction
     ρ̂_s(n) = Σ_b Re(u_b C_b(n)) and the per-head windows W_h of the near set.
 
-    Claims (SPEC M2, expected outcomes): ``*_rho_s_stationary_across_lengths`` (median-head curves at the first and
-    last length within 0.1); ``*_rho_s_vanishes_beyond_window`` (median |ρ_s| over the bins at n ≥ W_h of the heads
-    with an M2 window, at the largest length, below ``vanish``; False when no head mixes);
+    Claims (expected outcomes of docs/theory.md#m2): ``*_rho_s_stationary_across_lengths`` (median-head curves at
+    the first and last length within 0.1); ``*_rho_s_vanishes_beyond_window`` (median |ρ_s| over the bins at
+    n ≥ W_h of the heads with an M2 window, at the largest length, below ``vanish``; False when no head mixes);
     ``*_rho_s_matches_prediction`` (measured and predicted median-head curves within 0.1 at the training length);
     ``rope_rho_s_does_not_decay`` (median over heads of |ρ_s| in the farthest bin above ``vanish``)."""
     data, claims = {"variants": {}, "eps": eps, "near_sets": near_sets(meas)}, {}
