@@ -2,7 +2,8 @@
 
 The result files are written by ``benchmarks/bench_kernels.py`` on a GPU machine (bf16, causal, B·T = 32,768
 tokens, ``triton.testing.do_bench`` medians). When none is present the figure says so and names the command.
-Anchors (SPEC §9, one H200, public fla-core 0.6.0 kernels, torch 2.11, triton 3.6): ms for fwd and fwd+bwd, peak MiB.
+Reference anchors (measured on one H200, public fla-core 0.6.0 kernels, torch 2.11, triton 3.6): ms for fwd and
+fwd+bwd, peak MiB.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ANCHORS = {
     ("sdpa", 16384, 16, 128): (3.77, 14.57, 772), ("fla_path", 16384, 16, 128): (11.72, 48.53, 7269),
     ("fla_fox", 16384, 16, 128): (6.06, 37.78, 650), ("flex_alibi", 16384, 16, 128): (5.66, 20.40, 516),
 }
-# SPEC §8: bf16, β ∈ [1.5, 2], the public implementation passes at these relative RMS errors
+# bf16, β ∈ [1.5, 2]: the public implementation passes at these relative RMS errors
 TOLERANCES = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dw": 1.5e-2, "dbeta": 2e-2, "dg": 2e-2}
 
 
@@ -108,7 +109,7 @@ def plot_kernels(data):
             anchors = sorted((a["T"], a["fwd_bwd_ms"]) for a in data["anchors"]
                              if a["method"] == m and (a["H"], a["D"]) == (H, D))
             if anchors:
-                ax.plot(*zip(*anchors), "x", ms=7, color=f"C{i}", label=f"{m} (SPEC anchor)")
+                ax.plot(*zip(*anchors), "x", ms=7, color=f"C{i}", label=f"{m} (reference anchor)")
         ax.set(xscale="log", yscale="log", xlabel="sequence length T (B·T = 32,768)", ylabel="fwd+bwd ms (bf16)",
                title=f"H×D = {H}×{D}")
     handles, labels = axes[0][0].get_legend_handles_labels()

@@ -100,12 +100,12 @@ def plot_tails(data):
 
 
 def plot_toy_far_mass(data):
-    """M4 toy model: simulated ρ_D vs the logistic M_L/(M_L + e^Γ), with SPEC's values."""
+    """M4 toy model: simulated ρ_D vs the logistic M_L/(M_L + e^Γ), with the reference values."""
     plt = setup()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     ax.plot(data["m_far"], _arr(data["formula"]), "k-", lw=1, label="M_L / (M_L + K·exp(a − σ²/2))")
     ax.plot(data["m_far"], _arr(data["simulated"]), "o", ms=4, label=f"simulated ({data['trials']} trials)")
-    ax.plot(data["spec_m_far"], data["spec_far_mass"], "x", ms=8, color="C3", label="SPEC [SIM]")
+    ax.plot(data["reference_m_far"], data["reference_far_mass"], "x", ms=8, color="C3", label="reference values")
     ax.axvline(math.exp(data["gap"]), color="grey", ls=":", lw=0.8, label="midpoint exp(Γ)")
     ax.set(xscale="log", xlabel="far tokens M_L", ylabel="far mass ρ_D",
            title=f"M4 toy model: K={data['K']} near keys at s={data['near_score']}, far s~N(0,{data['far_sigma']}²)")

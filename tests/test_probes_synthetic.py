@@ -1,4 +1,5 @@
-"""Synthetic probes (M1, M3-synthetic, M4 toy, M5, M6) against SPEC's closed forms and simulation values."""
+"""Synthetic probes (M1, M3-synthetic, M4 toy, M5, M6) against the closed forms and reference simulation values
+of docs/theory.md."""
 
 import math
 
@@ -15,7 +16,7 @@ from pathlab.probes import bounds, coherence, farmass, mixing, tails
 def test_gaussian_so2_gamma_and_window_closed_form(sigma, window):
     gamma = mixing.gamma_gaussian(sigma)
     assert gamma == pytest.approx(math.exp(-sigma ** 2 / 2))
-    assert mixing.mixing_window(gamma, 0.05) == window  # SPEC M1 table, "W(0.05) predicted"
+    assert mixing.mixing_window(gamma, 0.05) == window  # docs/theory.md#m1, "W(0.05)"
 
 
 @pytest.mark.parametrize("sigma", [0.3, 1.0])
@@ -33,7 +34,7 @@ def test_so2_coherence_follows_gamma_power_above_noise_floor(sigma):
 
 def test_so2_sigma01_value_at_100():
     c = mixing.so2_coherence(mixing.gaussian_angles(0.1), 100, 1000, seed=2)[:, 0]
-    assert c[99] == pytest.approx(0.61, abs=0.03)  # SPEC: c(100) = 0.61
+    assert c[99] == pytest.approx(0.61, abs=0.03)  # docs/theory.md#m1: c(100) = 0.61
 
 
 def test_rope_never_mixes_and_scaled_uniform_matches_sinc():
@@ -58,7 +59,7 @@ def test_token_table_gamma():
 
 
 @pytest.mark.parametrize("beta, expected", [(2.0, (0.362, 0.131, 0.017)), (1.0, (0.60, 0.36, 0.13))])
-def test_householder_trace_matches_spec(beta, expected):
+def test_householder_trace_matches_reference_values(beta, expected):
     r = mixing.matrix_coherence(mixing.householder_step(beta), 64, 128, 100, seed=0)
     got = r["trace"][[31, 63, 127]]
     analytic = mixing.gamma_householder(64, beta) ** np.array([32, 64, 128])
@@ -115,10 +116,10 @@ def test_empirical_tail_counts():
 # ---------------------------------------------------------------- M4 toy model
 
 
-def test_toy_far_mass_matches_spec_and_simulation():
+def test_toy_far_mass_matches_reference_values_and_simulation():
     m = np.array([448, 1536, 7680, 32256, 65024])
-    spec = [0.174, 0.420, 0.784, 0.938, 0.968]
-    np.testing.assert_allclose(farmass.toy_far_mass(m), spec, atol=6e-4)
+    reference = [0.174, 0.420, 0.784, 0.938, 0.968]
+    np.testing.assert_allclose(farmass.toy_far_mass(m), reference, atol=6e-4)
     np.testing.assert_allclose(farmass.simulate_toy_far_mass(m, trials=20, seed=3), farmass.toy_far_mass(m),
                                atol=5e-3)
 
@@ -139,13 +140,13 @@ def test_far_mass_identity_and_gap():
 # ---------------------------------------------------------------- M5 bound
 
 
-@pytest.mark.parametrize("m_far, spec_bound, spec_min", [(448, 0.017, 0.83), (7680, 0.229, 0.99),
-                                                          (65024, 0.716, 0.998)])
-def test_bound_values_and_never_violated(m_far, spec_bound, spec_min):
+@pytest.mark.parametrize("m_far, ref_bound, ref_min", [(448, 0.017, 0.83), (7680, 0.229, 0.99),
+                                                        (65024, 0.716, 0.998)])
+def test_bound_values_and_never_violated(m_far, ref_bound, ref_min):
     r = bounds.simulate_bounded_logits(m_far, 64, 3.0, 50, seed=m_far)
-    assert r["bound"] == pytest.approx(spec_bound, abs=6e-4)
+    assert r["bound"] == pytest.approx(ref_bound, abs=6e-4)
     assert r["violations"] == 0
-    assert r["min_far_mass"] == pytest.approx(spec_min, abs=0.04)
+    assert r["min_far_mass"] == pytest.approx(ref_min, abs=0.04)
 
 
 @pytest.mark.parametrize("dist", ["two-point", "adversarial"])
@@ -182,7 +183,7 @@ def test_bound_helpers():
 def test_incoherence_is_one_over_sqrt_m():
     m = [16, 64, 256, 1024]
     r = coherence.simulate_incoherence(m, trials=60, seed=0)
-    np.testing.assert_allclose(r["qkv"], [0.247, 0.125, 0.062, 0.031], rtol=0.06)  # SPEC M6
+    np.testing.assert_allclose(r["qkv"], [0.247, 0.125, 0.062, 0.031], rtol=0.06)  # docs/theory.md#m6
     np.testing.assert_allclose(r["qkv"], 1 / np.sqrt(m), rtol=0.06)
     assert r["qk"] == [1.0] * 4
 

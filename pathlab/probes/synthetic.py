@@ -1,7 +1,7 @@
 """Recipes for the synthetic figures: each returns ``(data, claims)`` ready for plotting and ``write_results``.
 
-The numbers are those of SPEC §2 (M1, M3 synthetic, M4 toy model, M5, M6 synthetic); ``fast=True`` shrinks the
-trial counts and horizons for CI while keeping every claim checkable.
+The reference values are those of docs/theory.md (M1, M3 synthetic, M4 toy model, M5, M6 synthetic);
+``fast=True`` shrinks the trial counts and horizons for CI while keeping every claim checkable.
 """
 
 from __future__ import annotations
@@ -129,23 +129,23 @@ def tails_experiment(*, fast: bool = False, dims=(16, 64, 256), seed: int = 0):
 # M4 toy model
 
 
-SPEC_TOY_M = [448, 1536, 7680, 32256, 65024]
-SPEC_TOY_RHO = [0.174, 0.420, 0.784, 0.938, 0.968]
+REFERENCE_TOY_M = [448, 1536, 7680, 32256, 65024]
+REFERENCE_TOY_RHO = [0.174, 0.420, 0.784, 0.938, 0.968]
 
 
 def toy_far_mass_experiment(*, fast: bool = False, k_near: int = 64, near_score: float = 4.0,
                             far_sigma: float = 1.0, seed: int = 0):
-    """M4 toy model: simulated far mass against M_L / (M_L + K e^{a − σ²/2}), on SPEC's M_L grid and a log grid."""
+    """M4 toy model: simulated far mass against M_L / (M_L + K e^{a − σ²/2}), on the reference M_L grid + a log grid."""
     trials = 10 if fast else 100
-    m_grid = np.unique(np.concatenate([np.round(np.geomspace(16, 65024, 12 if fast else 24)), SPEC_TOY_M]))
+    m_grid = np.unique(np.concatenate([np.round(np.geomspace(16, 65024, 12 if fast else 24)), REFERENCE_TOY_M]))
     sim = farmass.simulate_toy_far_mass(m_grid, k_near, near_score, far_sigma, trials, seed=seed)
     formula = farmass.toy_far_mass(m_grid, k_near, near_score, far_sigma)
-    spec_idx = np.searchsorted(m_grid, SPEC_TOY_M)
-    data = {"m_far": m_grid, "simulated": sim, "formula": formula, "spec_m_far": SPEC_TOY_M,
-            "spec_far_mass": SPEC_TOY_RHO, "gap": farmass.toy_gap(k_near, near_score, far_sigma),
+    ref_idx = np.searchsorted(m_grid, REFERENCE_TOY_M)
+    data = {"m_far": m_grid, "simulated": sim, "formula": formula, "reference_m_far": REFERENCE_TOY_M,
+            "reference_far_mass": REFERENCE_TOY_RHO, "gap": farmass.toy_gap(k_near, near_score, far_sigma),
             "trials": trials, "K": k_near, "near_score": near_score, "far_sigma": far_sigma}
     claims = {"simulation_matches_formula": bool(np.max(np.abs(sim - formula)) < 0.01),
-              "formula_reproduces_spec": bool(np.max(np.abs(formula[spec_idx] - SPEC_TOY_RHO)) < 1e-3),
+              "formula_reproduces_reference_values": bool(np.max(np.abs(formula[ref_idx] - REFERENCE_TOY_RHO)) < 1e-3),
               "far_mass_rises_monotonically": bool(np.all(np.diff(formula) > 0))}
     return data, claims
 
@@ -171,13 +171,14 @@ def bound_experiment(*, fast: bool = False, seed: int = 0):
         sims[dist] = rows
     safe = {f"K={k}, λ={lam}": float(bounds.max_safe_length(0.5, k, lam, 64))
             for k in (32, 64, 512) for lam in (2.0, 3.0, 4.0, 6.0)}
-    spec_bound = [r["bound"] for r in sims["uniform"] if r["m_far"] in (448, 7680, 65024)]
-    spec_min = [r["min_far_mass"] for r in sims["uniform"] if r["m_far"] in (448, 7680, 65024)]
+    ref_bound = [r["bound"] for r in sims["uniform"] if r["m_far"] in (448, 7680, 65024)]
+    ref_min = [r["min_far_mass"] for r in sims["uniform"] if r["m_far"] in (448, 7680, 65024)]
     data = {"m_far": m_grid, "curves": curves, "simulations_K64_lambda3": sims, "trials": trials,
             "max_safe_length_eps0.5_W64": safe}
     claims = {"bound_never_violated": violations == 0,
-              "bound_matches_spec": bool(np.allclose(spec_bound, [0.017, 0.229, 0.716], atol=6e-4)),
-              "uniform_min_far_mass_matches_spec": bool(np.allclose(spec_min, [0.83, 0.99, 0.998], atol=0.04)),
+              "bound_matches_reference_values": bool(np.allclose(ref_bound, [0.017, 0.229, 0.716], atol=6e-4)),
+              "uniform_min_far_mass_matches_reference_values": bool(np.allclose(ref_min, [0.83, 0.99, 0.998],
+                                                                                atol=0.04)),
               "bound_tight_for_adversarial_logits": bool(all(
                   abs(r["min_far_mass"] - r["bound"]) < 1e-9 for r in sims["adversarial"]))}
     return data, claims
@@ -199,9 +200,9 @@ def incoherence_experiment(*, fast: bool = False, dim: int = 64, seed: int = 0):
             np.array(r["m"]), float(mixing.gamma_gaussian(sigma))),
             "window": float(mixing.mixing_window(mixing.gamma_gaussian(sigma)))}
     inv = 1.0 / np.sqrt(m_values)
-    spec = [0.247, 0.125, 0.062, 0.031, 0.016, 0.0078][: len(m_values)]
+    reference = [0.247, 0.125, 0.062, 0.031, 0.016, 0.0078][: len(m_values)]
     data = {"m": m_values, "qkv_fully_mixed": full["qkv"], "qk": full["qk"], "one_over_sqrt_m": inv,
-            "spec_values": spec, "walks": walks, "trials": trials, "dim": dim}
+            "reference_values": reference, "walks": walks, "trials": trials, "dim": dim}
     claims = {"fully_mixed_is_one_over_sqrt_m": bool(np.allclose(full["qkv"], inv, rtol=0.1)),
               "qk_only_is_coherent": bool(np.allclose(full["qk"], 1.0)),
               "walks_match_closed_form": bool(all(np.allclose(w["qkv"], w["predicted"], rtol=0.12)
