@@ -23,10 +23,25 @@ reading them back. The scratch is ``programs × max_chunks × BT × D`` (fp16 fo
 fixed number of persistent programs (a few per SM) the extra memory is O(T·D), independent of B and H, and it
 is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
 heads meet in fp32 atomics (dk̃, dV, dW, dU, dG).
+
+Grouped backward (``_path_bwd_grouped_kernel``, chosen by the launch parameter G > 1): one work item takes G
+consecutive query chunks c0 … c0+G−1 of one sequence and one head as a single tile of R = 2^⌈log₂G⌉·BT query
+rows (row r belongs to chunk c0 + r // BT; rows past the group's last chunk are masked out), and walks the key
+chunks m = 0 … c_last once for the whole tile. Every row follows its own chunk's recurrence, selected by masks:
+
+* rows of a chunk c > m see key chunk m through the scan (logits q⁽ᵐ⁾ k̃_mᵀ, and P_m is crossed);
+* rows of the chunk c = m take their logits from S_d (causal) — the diagonal block, merged into the same tile;
+* rows of a chunk c < m do not see key chunk m at all, and their state (carried query, λ) is left untouched.
+
+The key-side contributions of the G chunks to key chunk m (Pᵀ dO, dSᵀ q, and P_m's dW, dU) are therefore summed
+inside one R-row matrix product and leave the program in ONE atomic per tile instead of G, and each product is
+G times larger. The replay writes R rows per key chunk, so the scratch is ``programs × max_chunks × R × D``:
+still O(T·D), G (rounded up to a power of two) times that of G = 1.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -201,4 +216,173 @@ def _path_bwd_kernel(
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)
             _accumulate(NO_ATOMICS, DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
+        tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Grouped backward: G consecutive query chunks of one head per work item (see the module docstring).
+
+
+def group_table(chunk_index: torch.Tensor, chunk_first: torch.Tensor, group: int):
+    """Work groups of the grouped backward, built on the device without a host sync.
+
+    A group starts at every chunk whose index inside its sequence is a multiple of ``group`` and holds that chunk
+    and the following ones of the same sequence, at most ``group`` in all (a sequence's last group may be short).
+
+    Returns ``(order, last, count)``: int32 ``order [NC]`` lists the group-start chunks first, by decreasing last
+    chunk index (longest scans first, as for G = 1), then the other chunks (never read); int32 ``last [NC]`` is,
+    for a start chunk, the index inside its sequence of its group's last chunk; int32 ``count [1]`` is the number
+    of groups (the kernel reads it, so the launch needs no ``.item()``).
+    """
+    c = chunk_index.long()
+    first = chunk_first.long()
+    last = c.clone()
+    nc = c.numel()
+    for j in range(1, min(group, nc)):  # chunk n + j belongs to chunk n's sequence: one more chunk in the group
+        last[:-j] += (first[j:] == first[:-j]).long()
+    start = c % group == 0
+    key = torch.where(start, last, torch.full_like(last, -1))
+    order = torch.argsort(key, descending=True, stable=True).to(torch.int32)
+    count = start.sum().to(torch.int32).reshape(1)
+    return order, last.to(torch.int32), count
+
+
+@triton.jit
+def _accumulate_masked(NO_ATOMICS: tl.constexpr, ptr, val, mask):
+    if NO_ATOMICS:
+        tl.store(ptr, val, mask=mask)
+    else:
+        tl.atomic_add(ptr, val, mask=mask)
+
+
+@triton.jit
+def _carry_rows(q, ql, W, U, base, kd, carry, PREC: tl.constexpr):
+    """q ← q − (q W_mᵀ) U_m on the rows where ``carry`` holds; the other rows keep their state.
+
+    ``base`` is the offset of key chunk m's [BT, D] tile of W and U; ``ql`` is q in the scan's low precision."""
+    wm = tl.load(W + base + kd)
+    um = tl.load(U + base + kd)
+    z = tl.dot(ql, tl.trans(wm), input_precision=PREC)
+    z = tl.where(carry[:, None], z, 0.0)
+    return q - tl.dot(z.to(ql.dtype), um, input_precision=PREC)
+
+
+@triton.jit
+def _cross_transition(lam, ql, W, U, DW, DU, base, kd, active,
+                      NO_ATOMICS: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr):
+    """λ ← λ P_mᵀ (P_m = I − W_mᵀ U_m) on the ``active`` rows, and P_m's gradients from those rows summed
+    into one atomic per tile: dW_m −= (λ U_mᵀ)ᵀ q⁽ᵐ⁾, dU_m −= (q⁽ᵐ⁾ W_mᵀ)ᵀ λ. Inactive rows are zeroed in λ's
+    copy ``la``, so they add nothing and keep their λ (their chunk is at or before m)."""
+    wm = tl.load(W + base + kd)
+    um = tl.load(U + base + kd)
+    la = tl.where(active[:, None], lam, 0.0)
+    y = tl.dot(la, tl.trans(um.to(tl.float32)), input_precision=PREC32)  # λ Uᵀ   [R, BT]
+    z = tl.dot(ql, tl.trans(wm), input_precision=PREC)  # q Wᵀ                   [R, BT]
+    _accumulate(NO_ATOMICS, DW + base + kd, -tl.dot(tl.trans(y), ql.to(tl.float32), input_precision=PREC32))
+    _accumulate(NO_ATOMICS, DU + base + kd, -tl.dot(tl.trans(z), la, input_precision=PREC32))
+    return lam - tl.dot(y, wm.to(tl.float32), input_precision=PREC32)
+
+
+@triton.jit
+def _path_bwd_grouped_kernel(
+    QS, KS, V, W, U, SD, GL, GO, DO, LSE, DELTA,
+    DQS, DKS, DVV, DW, DU, DSD, DG, SCRATCH,
+    CHUNK_FIRST, CHUNK_INDEX, GROUP_ORDER, GROUP_LAST, GROUP_COUNT,
+    NC, NH, max_chunks, scale, scale_log2,
+    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr, NO_ATOMICS: tl.constexpr = False,
+):
+    """The backward with one work item per (group of ≤ R/BT consecutive query chunks, query head).
+
+    Same recurrences as ``_path_bwd_kernel``, on an R-row query tile; masks keep each row to its own chunk's
+    key range. Extra memory: the program's scratch row of max_chunks × R × D (O(T·D) over all programs)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    rows = tl.arange(0, R)  # query rows of the group: chunk c0 + rows // BT, position rows % BT in it
+    cols = tl.arange(0, BT)  # key rows of one key chunk
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    lowp = KS.dtype.element_ty
+    gradp = DO.dtype.element_ty
+    qd = rows[:, None] * D + dcol[None, :]
+    qv = rows[:, None] * DV + vcol[None, :]
+    kd = cols[:, None] * D + dcol[None, :]
+    kv = cols[:, None] * DV + vcol[None, :]
+    causal = (rows % BT)[:, None] >= cols[None, :]
+    scratch = SCRATCH + pid.to(tl.int64) * max_chunks * (R * D)
+
+    n_work = tl.load(GROUP_COUNT) * NH
+    for item in range(pid, n_work, nprog):
+        n0 = tl.load(GROUP_ORDER + item // NH).to(tl.int64)  # the group's first chunk (layout index)
+        h = (item % NH).to(tl.int64)
+        hk = h // GROUP
+        c0 = tl.load(CHUNK_INDEX + n0)
+        c_last = tl.load(GROUP_LAST + n0)
+        first = tl.load(CHUNK_FIRST + n0).to(tl.int64)
+        rc = c0 + rows // BT  # each row's chunk index inside the sequence
+        valid = rc <= c_last
+        rc = tl.where(valid, rc, -1)  # rows past the group's last chunk take part in nothing
+        qrow = (h * NC + n0) * BT  # the group's chunks are consecutive: its R rows are too
+
+        # 1. replay right to left; slot m holds every row's state at key chunk m (rows of chunks ≤ m: q̃ itself)
+        q = tl.load(QS + qrow * D + qd, mask=valid[:, None], other=0.0)
+        for mm in range(0, c_last + 1):
+            m = c_last - mm
+            kn = first + m
+            ql = q.to(lowp)
+            tl.store(scratch + (kn - first) * (R * D) + qd, ql)
+            if (m > 0) & (m < c_last):  # rows of chunks after m cross chunk m
+                q = _carry_rows(q, ql, W, U, (hk * NC + kn) * (BT * D), kd, rc > m, PREC)
+        tl.debug_barrier()  # scratch writes visible to the whole program
+
+        do = tl.load(DO + qrow * DV + qv, mask=valid[:, None], other=0.0)
+        lse = tl.load(LSE + qrow + rows, mask=valid, other=0.0)
+        delta = tl.load(DELTA + qrow + rows, mask=valid, other=0.0)
+        if HAS_GATE:
+            gq = tl.load(GL + qrow + rows, mask=valid, other=0.0) * 1.4426950408889634
+            go_q = tl.load(GO + h * NC + n0 + rows // BT, mask=valid, other=0.0)  # fp64 chunk offsets per row
+            dg_row = tl.zeros([R], dtype=tl.float32)
+        lam = tl.zeros([R, D], dtype=tl.float32)
+
+        # 2. left to right over key chunks 0 … c_last: λ, and the key-side gradients (one atomic per tile)
+        for m in range(0, c_last + 1):
+            kn = first + m
+            kbase = hk * NC + kn
+            off = rc > m  # rows that see key chunk m through the scan
+            diag = rc == m  # rows whose own chunk is m: intra-chunk logits S_d
+            ql = tl.load(scratch + (kn - first) * (R * D) + qd)
+            kt = tl.load(KS + kbase * (BT * D) + kd)
+            s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+            if m >= c0:  # key chunk m is one of the group's own chunks: its rows use S_d
+                sd = tl.load(SD + (qrow + rows[:, None]) * BT + cols[None, :], mask=diag[:, None], other=0.0)
+                s = tl.where(diag[:, None], sd * scale_log2, s)
+            if HAS_GATE:  # same formula for the diagonal rows: their chunk offset equals key chunk m's
+                gk = tl.load(GL + (h * NC + kn) * BT + cols) * 1.4426950408889634
+                shift = ((go_q - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
+                s += gq[:, None] - gk[None, :] + shift[:, None]
+            live = off[:, None] | (diag[:, None] & causal)
+            p = tl.math.exp2(tl.where(live, s - lse[:, None], float("-inf")))  # 0 off the live entries
+            vm = tl.load(V + kbase * (BT * DV) + kv)
+            dp = tl.dot(do, tl.trans(vm), input_precision=PREC)
+            ds = p * (dp - delta[:, None])  # ∂L/∂logit; zero off the live entries
+            _accumulate(NO_ATOMICS, DVV + kbase * (BT * DV) + kv,
+                        tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+            if m >= c0:
+                tl.store(DSD + (qrow + rows[:, None]) * BT + cols[None, :], ds * scale, mask=diag[:, None])
+            if HAS_GATE:
+                dg_row += tl.sum(ds, 1)
+                _accumulate(NO_ATOMICS, DG + (h * NC + kn) * BT + cols, -tl.sum(ds, 0))
+            if m < c_last:  # some rows (those of chunks after m) see key chunk m through the scan
+                dsg = tl.where(off[:, None], ds, 0.0).to(gradp)  # the scan's part (S_d's went to DSD)
+                _accumulate(NO_ATOMICS, DKS + kbase * (BT * D) + kd,
+                            tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+                if m > 0:  # transition P_m between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ on the `off` rows here
+                    lam = _cross_transition(lam, ql, W, U, DW, DU, kbase * (BT * D), kd, off,
+                                            NO_ATOMICS, PREC, PREC32)
+                lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+
+        # 3. each row's λ stopped changing after its own chunk: λ⁽ᶜ⁻¹⁾ = dq̃
+        tl.store(DQS + qrow * D + qd, lam, mask=valid[:, None])
+        if HAS_GATE:
+            _accumulate_masked(NO_ATOMICS, DG + qrow + rows, dg_row, valid)
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
