@@ -7,7 +7,6 @@ head shape: relative RMS error of o and of every gradient goes into the result f
 
     python benchmarks/bench_kernels.py --out benchmarks/results/kernels-h200.json
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,sdpa --decode 4096,65536
-    python benchmarks/bench_kernels.py --cases 4096x12x64 --bwd-groups 1,2,4 --bwd-launch '4,1,2;8,1,2'
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -291,69 +290,6 @@ def tune(cases, device, tokens):
     return rows
 
 
-def _bwd_env(group, launch):
-    """PATHLAB_PATH_BWD for backward work items of ``group`` query chunks on top of ``launch`` ("warps,stages,
-    per_sm", '' = the kernel's defaults)."""
-    base = (launch.split(",") + ["", "", ""])[:3] if launch else ["", "", ""]
-    return ",".join(base + [str(group)])
-
-
-def bwd_groups(cases, groups, launches, methods, device, tokens):
-    """Backward of the PaTH kernel with G query chunks per work item, side by side for every G (and launch).
-
-    Per (case, method, launch, G): the fp64-reference check at T = 256 (``check_correctness``, bf16,
-    β ∈ [1.5, 2]), the relative RMS difference of every gradient from G = 1 on the benchmark inputs, and
-    medians of ``do_bench`` for the backward alone (``bwd_ms``: the retained graph of one forward, UT backward
-    included), for the backward with the atomics replaced by stores (``bwd_no_atomics_ms``, wrong gradients:
-    ``1 − bwd_no_atomics_ms / bwd_ms`` is the atomics' share) and for forward+backward (``fwd_bwd_ms``), with
-    the peak extra memory of one forward+backward.
-    """
-    from triton.testing import do_bench
-
-    rows = []
-    for T, H, D in cases:
-        B = max(1, tokens // T)
-        for name in methods:
-            q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
-            leaves = [t.requires_grad_() for t in (q, k, v, w, beta)] + ([g.requires_grad_()] if name == "path_fox"
-                                                                         else [])
-            fn = build_method(name, q, k, v, w, beta, g)
-            for launch in launches:
-                base_grads = None
-                for G in groups:
-                    os.environ["PATHLAB_PATH_BWD"] = _bwd_env(G, launch)
-                    row = dict(bwd_groups=G, launch=launch or "default", method=name, T=T, B=B, H=H, D=D)
-                    try:
-                        row["check"] = check_correctness(name, H, D, device)
-                        o = fn()
-                        gen = torch.Generator(device=device).manual_seed(0)  # the same dO for every G
-                        do = torch.randn(o.shape, device=device, generator=gen).to(o.dtype)
-                        grads = torch.autograd.grad(o, leaves, do, retain_graph=True)
-                        if base_grads is None:
-                            base_grads = [x.float() for x in grads]
-                        row["vs_first_group"] = [rel_rms(x, y) for x, y in zip(grads, base_grads)]
-                        del grads
-                        bwd = lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)  # noqa: E731
-                        row["bwd_ms"] = do_bench(bwd, warmup=10, rep=50)
-                        os.environ["PATHLAB_PATH_BWD_PROFILE"] = "no_atomics"  # atomics as stores: their share
-                        try:
-                            row["bwd_no_atomics_ms"] = do_bench(bwd, warmup=10, rep=50)
-                        finally:
-                            os.environ.pop("PATHLAB_PATH_BWD_PROFILE", None)
-                        del o
-                        fwd, fb, (peak, finite) = time_method(fn, leaves)
-                        row.update(fwd_ms=fwd, fwd_bwd_ms=fb, peak_mib=peak, finite=finite)
-                    except torch.OutOfMemoryError as err:
-                        row["error"] = f"out of memory: {str(err).splitlines()[0]}"
-                    except Exception as err:  # noqa: BLE001  (record, go on with the next G)
-                        row["error"] = f"{type(err).__name__}: {err}"[:300]
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-                    torch.cuda.empty_cache()
-            os.environ.pop("PATHLAB_PATH_BWD", None)
-    return rows
-
-
 def best_configs(rows):
     """{(kind, D): config} with the lowest time among the tuned launch configs."""
     best = {}
@@ -376,13 +312,6 @@ def main(argv=None):
     ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
-    ap.add_argument("--bwd-groups", default="",
-                    help="comma list of G (query chunks per backward work item, e.g. 1,2,4): time the PaTH "
-                         "backward for each G side by side on --cases (rows in 'bwd_groups'), then stop")
-    ap.add_argument("--bwd-launch", default="",
-                    help="with --bwd-groups: semicolon list of backward launches 'warps,stages,per_sm' crossed "
-                         "with the groups ('' = the kernel's defaults)")
-    ap.add_argument("--bwd-methods", default="path,path_fox", help="with --bwd-groups: path and/or path_fox")
     ap.add_argument("--time-budget", type=float, default=0.0,
                     help="seconds; cases that would start after this are recorded as skipped (0 = no limit)")
     args = ap.parse_args(argv)
@@ -408,22 +337,6 @@ def main(argv=None):
         result["triton"] = triton.__version__
     except ImportError:
         pass
-    if args.bwd_groups:
-        groups = [int(x) for x in args.bwd_groups.split(",") if x]
-        launches = [x.strip() for x in args.bwd_launch.split(";")] if args.bwd_launch else [""]
-        bwd_methods = [m for m in args.bwd_methods.split(",") if m in ("path", "path_fox")]
-        result["bwd_groups"] = []
-        t0 = time.time()
-        for case in cases:  # one case at a time, so that the file holds every finished case
-            if args.time_budget and time.time() - t0 > args.time_budget:
-                result["bwd_groups"].append(dict(T=case[0], H=case[1], D=case[2],
-                                                 skipped=f"time budget of {args.time_budget} s spent"))
-                continue
-            result["bwd_groups"] += bwd_groups([case], groups, launches, bwd_methods, device, args.tokens)
-            _write(args.out, result)
-        result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        _write(args.out, result)
-        return 0
     if args.tune:
         tune_cases = [tuple(int(x) for x in c.split("x")) for c in args.tune.split(",") if c]
         result["tune"] = tune(tune_cases, device, args.tokens)

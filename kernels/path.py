@@ -33,24 +33,23 @@ def _num_sms(device) -> int:
 
 
 def _launch_config(kind: str, D: int, DV: int):
-    """Launch parameters of the forward ("fwd": num_warps, num_stages, 0) or backward ("bwd": num_warps,
-    num_stages, programs per SM, query chunks per work item G) kernel.
+    """(num_warps, num_stages, programs per SM) of the forward ("fwd") or backward ("bwd") kernel.
 
-    Defaults were picked on an H200 (G = 1: one query chunk per backward work item, the original algorithm);
-    ``PATHLAB_PATH_FWD="warps,stages"`` and ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm,group"`` override
-    them (used by the benchmark's ``--tune`` and ``--bwd-groups``). Missing or empty fields keep the default,
-    so ``PATHLAB_PATH_BWD=",,,2"`` sets only G.
+    Defaults were picked on an H200; ``PATHLAB_PATH_FWD="warps,stages"`` and
+    ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm"`` override them (used by the benchmark's ``--tune``).
     """
+    import os
+
     big = max(D, DV) >= 128
     if kind == "fwd":
         default = (8 if big else 4, 2 if big else 3, 0)
     else:
-        default = (8 if big else 4, 1, 2, 1)
+        default = (8 if big else 4, 1, 2)
     env = os.environ.get("PATHLAB_PATH_FWD" if kind == "fwd" else "PATHLAB_PATH_BWD")
     if not env:
         return default
-    parts = env.split(",")
-    return tuple(int(parts[i]) if i < len(parts) and parts[i].strip() else d for i, d in enumerate(default))
+    parts = [int(x) for x in env.split(",")]
+    return tuple(parts + list(default[len(parts):]))
 
 
 def _lowp(dtype):
@@ -118,10 +117,8 @@ def _scan_fwd_fake(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order,
 def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs):
     """Backward scan: (dq̃, dk̃, dV, dW, dU, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
-    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs. The launch
-    parameter G (``PATHLAB_PATH_BWD``'s fourth field) picks the kernel: G = 1 one query chunk per work item,
-    G > 1 ``_path_bwd_grouped_kernel`` with G chunks per item (fewer atomics, larger products)."""
-    from ._triton_path import _path_bwd_grouped_kernel, _path_bwd_kernel, group_table
+    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs."""
+    from ._triton_path import _path_bwd_kernel
 
     H, NC, BT, D = qs.shape
     Hkv, DV = v.shape[0], v.shape[-1]
@@ -142,24 +139,20 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
-    num_warps, num_stages, per_sm, group = _launch_config("bwd", D, DV)
-    group = max(1, min(group, max_chunks))  # G query chunks per work item (1: the original kernel)
+    num_warps, num_stages, per_sm = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
-    rows = (1 << (group - 1).bit_length()) * BT  # query rows per work item: G·BT rounded up to a power of 2
-    # O(T·D) extra memory: one scratch row of max_chunks × rows × D per persistent program
-    scratch = torch.empty((programs, max_chunks, rows, D), dtype=lowp, device=dev)
-    args = (qs, ks_l, v, w_l, u_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-            do, lse, delta, dqs, dks, dv, dw, du, dsd, dg if has_gate else dqs, scratch, chunk_first, chunk_index)
-    consts = dict(GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-                  PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-                  NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics")
-    if group == 1:
-        _path_bwd_kernel[(programs,)](*args, order, NC, H, n_items, max_chunks, scale, scale * LOG2E, **consts)
-    else:
-        g_order, g_last, g_count = group_table(chunk_index, chunk_first, group)
-        _path_bwd_grouped_kernel[(programs,)](*args, g_order, g_last, g_count, NC, H, max_chunks, scale,
-                                              scale * LOG2E, R=rows, **consts)
+    scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
+    _path_bwd_kernel[(programs,)](
+        qs, ks_l, v, w_l, u_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        do, lse, delta,
+        dqs, dks, dv, dw, du, dsd, dg if has_gate else dqs, scratch,
+        chunk_first, chunk_index, order,
+        NC, H, n_items, max_chunks, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+        NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
+    )
     return dqs, dks, dv.to(v.dtype), dw, du, dsd, dg
 
 

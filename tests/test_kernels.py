@@ -2,13 +2,10 @@
 
 Forward and every gradient (dq, dk, dv, dw, dβ, dg) by relative RMS error, at awkward lengths with small chunks
 (BT = 16 or 32) so that T crosses several chunks and ends inside one; the kernel's outputs (o, lse, dq̃, dS_d)
-are allocated pre-filled with NaN, so an element it never writes shows up as NaN here. Every comparison runs
-the backward with G = 1, 2, 3 and 4 query chunks per work item (``PATHLAB_PATH_BWD``'s fourth field; G = 3 does not
-divide most chunk counts, so groups end early and the padded fourth sub-chunk is masked). bf16 and long
+are allocated pre-filled with NaN, so an element it never writes shows up as NaN here. bf16 and long
 sequences run on a GPU (``test_kernels_gpu.py``).
 """
 
-import contextlib
 import os
 
 import pytest
@@ -43,31 +40,13 @@ def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True):
     return q, k, v, w, beta, g
 
 
-GROUPS = (1, 2, 3, 4)  # backward work-item sizes G: 1 (the original kernel), 2, 3 (rows padded to 4 chunks), 4
-
-
-@contextlib.contextmanager
-def bwd_group(group):
-    """Run the backward with G = ``group`` query chunks per work item (the launch parameter in PATHLAB_PATH_BWD)."""
-    old = os.environ.get("PATHLAB_PATH_BWD")
-    os.environ["PATHLAB_PATH_BWD"] = f",,,{group}"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PATHLAB_PATH_BWD")
-        else:
-            os.environ["PATHLAB_PATH_BWD"] = old
-
-
-def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3, groups=GROUPS):
-    """Output and every gradient vs the fp64 reference; the backward runs once per G in ``groups`` (the forward
-    and the reference once: they do not depend on G)."""
+def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3):
     q, k, v, w, beta, g = inputs
     leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta) + ((g,) if g is not None else ())]
     o = path_attention_triton(*leaves[:5], leaves[5] if g is not None else None,
                               cu_seqlens=cu_seqlens, block_size=block_size, programs=programs)
     do = torch.randn_like(o.float())
+    got = [o] + list(torch.autograd.grad(o, leaves, do.to(o.dtype)))
 
     # the oracle: fp64 reference, one sequence at a time
     bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
@@ -81,15 +60,10 @@ def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3, groups=G
             if gr is not None:  # w, β of a length-1 sequence do not enter its output
                 slot[:, a:b] = gr
     names = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
-    bad, errs = {}, {}
-    for group in groups:
-        with bwd_group(group):
-            got = [o] + list(torch.autograd.grad(o, leaves, do.to(o.dtype), retain_graph=True))
-        for n, x, y in zip(names, got, want):
-            assert torch.isfinite(x).all(), f"G={group}: {n} has NaN/inf (an element the kernel never wrote?)"
-            errs[f"{n}@G{group}"] = e = rel_rms(x, y)
-            if not e <= tol:
-                bad[f"{n}@G{group}"] = e
+    errs = {n: rel_rms(x, y) for n, x, y in zip(names, got, want)}
+    for n, x in zip(names, got):
+        assert torch.isfinite(x).all(), f"{n} has NaN/inf (an element the kernel never wrote?)"
+    bad = {n: e for n, e in errs.items() if not e <= tol}
     assert not bad, f"relative RMS errors above {tol}: {bad} (all: {errs})"
 
 
@@ -211,32 +185,3 @@ def test_gate_offsets_keep_precision_over_long_sequences():
     i, j = torch.randint(0, T, (2, 1000))
     err = ((G[i] - G[j]) - (exact[i] - exact[j])).abs().max()
     assert err < 1e-5, err  # a plain fp32 cumsum is off by ~4e-4 here (|G| reaches 7.5e3)
-
-
-def test_group_table_of_packed_sequences():
-    """Groups never straddle two sequences, start at multiples of G, and come longest scan first."""
-    from pathlab.kernels._layout import build_layout
-    from pathlab.kernels._triton_path import group_table
-
-    lengths = [1, 15, 100, 16, 50]  # chunks of 16: 1, 1, 7, 1, 4
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    layout = build_layout(1, sum(lengths), 16, "cpu", cu)
-    order, last, count = group_table(layout.chunk_index, layout.chunk_first, 3)
-    starts = order[: int(count)].tolist()
-    groups = sorted((int(layout.chunk_index[n]), int(last[n]), int(layout.chunk_first[n])) for n in starts)
-    # per sequence (first chunk 0, 1, 2, 9, 10): chunk-index ranges [0, 0]; [0, 0]; [0, 2], [3, 5], [6, 6]; ...
-    assert sorted(groups) == sorted([(0, 0, 0), (0, 0, 1), (0, 2, 2), (3, 5, 2), (6, 6, 2), (0, 0, 9),
-                                     (0, 2, 10), (3, 3, 10)])
-    lasts = [int(last[n]) for n in starts]
-    assert lasts == sorted(lasts, reverse=True)
-
-
-def test_backward_launch_parameter_parsing(monkeypatch):
-    from pathlab.kernels.path import _launch_config
-
-    monkeypatch.delenv("PATHLAB_PATH_BWD", raising=False)
-    assert _launch_config("bwd", 64, 64)[3] == 1  # the default stays one query chunk per work item
-    monkeypatch.setenv("PATHLAB_PATH_BWD", ",,,2")
-    assert _launch_config("bwd", 64, 64) == (4, 1, 2, 2)
-    monkeypatch.setenv("PATHLAB_PATH_BWD", "8,1,1")
-    assert _launch_config("bwd", 64, 64) == (8, 1, 1, 1)
