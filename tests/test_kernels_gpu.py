@@ -36,6 +36,20 @@ def grads_of(fn, leaves, do):
     return [o.detach()] + [x.detach() for x in torch.autograd.grad(o, leaves, do)]
 
 
+def bf16_case(T, H, Hkv, D, gate):
+    """bf16 leaves (q, k, v, w, β[, g]) for B = 1, an output gradient, and the Triton op on them."""
+    import pathlab
+
+    q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate)
+    leaves = [q, k, v, w, beta] + ([g] if gate else [])
+    do = torch.randn(1, T, H, D, device="cuda").bfloat16()
+
+    def fast(*xs):
+        return pathlab.path_attention(*xs[:5], xs[5] if gate else None, backend="triton")
+
+    return leaves, do, fast
+
+
 @pytest.mark.parametrize("T,oracle", [(300, "reference"), (4096, "torch"), (16384, "torch")],
                          ids=["T300-ref", "T4096-blockwise64", "T16384-blockwise64"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
@@ -44,12 +58,7 @@ def test_bf16_against_oracle(T, oracle, gate):
     from pathlab.reference import path_attention as reference
 
     H, Hkv, D = (4, 2, 64) if T <= 4096 else (2, 1, 64)
-    q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate)
-    leaves = [q, k, v, w, beta] + ([g] if gate else [])
-    do = torch.randn(1, T, H, D, device="cuda").bfloat16()
-
-    def fast(*xs):
-        return pathlab.path_attention(*xs[:5], xs[5] if gate else None, backend="triton")
+    leaves, do, fast = bf16_case(T, H, Hkv, D, gate)
 
     def slow(*xs):
         xs = [x.double() for x in xs]
@@ -105,17 +114,10 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate):
     nor tries to precompile ``_path_fwd_kernel`` (which failed on torch 2.11 / triton 3.6). The compiled result
     meets the fp64 oracle's tolerances and stays within half of them of eager (Inductor fuses the fp32 UT prep,
     whose rounding differs)."""
-    import pathlab
     from pathlab.reference import path_attention as reference
 
     torch._dynamo.reset()
-    T, H, Hkv, D = 300, 4, 2, 64
-    q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate)
-    leaves = [q, k, v, w, beta] + ([g] if gate else [])
-    do = torch.randn(1, T, H, D, device="cuda").bfloat16()
-
-    def fast(*xs):
-        return pathlab.path_attention(*xs[:5], xs[5] if gate else None, backend="triton")
+    leaves, do, fast = bf16_case(300, 4, 2, 64, gate)
 
     def slow(*xs):
         xs = [x.double() for x in xs]
