@@ -96,16 +96,40 @@ def throughput(variant: str, args) -> dict:
         loss = step()
     _sync(device)
     elapsed = time.perf_counter() - t0
+    profile = kernel_profile(step, args.profile_steps, device) if args.profile_steps else None
     out = {
         "variant": variant, "tokens_per_s": args.steps * B * T / elapsed, "ms_per_step": 1000 * elapsed / args.steps,
         "warmup_s": warm_s, "loss": float(loss), "loss_finite": math.isfinite(float(loss)),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "parameters": sum(p.numel() for p in set(model.parameters())),
     }
+    if profile is not None:
+        out["profile"] = profile
     del model, optim
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def kernel_profile(step, n_steps: int, device, top: int = 30) -> dict:
+    """Device time per training step by kernel (``torch.profiler`` over ``n_steps`` steps): the total, and the
+    ``top`` kernels by time with their share and launches per step, so two variants can be compared kernel by
+    kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(n_steps):
+            step()
+        _sync(device)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"] if device.type == "cuda" else []
+    time_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
+    total = sum(time_us(e) for e in kernels)
+    rows = sorted(kernels, key=time_us, reverse=True)[:top]
+    return {"steps": n_steps, "device_ms_per_step": total / 1000 / n_steps,
+            "kernels": [{"name": e.key[:160], "ms_per_step": time_us(e) / 1000 / n_steps,
+                         "share": time_us(e) / total if total else None, "calls_per_step": e.count / n_steps}
+                        for e in rows]}
 
 
 @torch.no_grad()
@@ -214,6 +238,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-layers", type=int, default=2)
     p.add_argument("--eval-width", type=int, default=256)
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after timing, profile this many steps and record the device time per kernel")
     p.add_argument("--out", default="benchmarks/results/throughput-h200.json")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=768)

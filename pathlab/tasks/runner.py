@@ -7,8 +7,8 @@ decay to ``min_lr_ratio * lr``, and stops at ``steps``, after ``max_seconds`` of
 which compiles, and the evaluations are not counted) or when the quick evaluation of the task's primary metric
 reaches ``stop_at``. With a time budget the schedule follows the larger of the step fraction and the time
 fraction, so a time-bounded run still ends its decay. ``precision``: fp32, tf32 (fp32 with TF32 matmuls, set
-process-wide) or bf16 (autocast). ``compile`` (none, inductor, aot_eager) compiles the model of the training
-step.
+process-wide) or bf16 (autocast). ``compile`` (none, inductor, aot_eager, cudagraphs) compiles the model of the
+training step (:func:`compile_for_training`).
 """
 
 from __future__ import annotations
@@ -70,6 +70,33 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def compile_for_training(model, mode: str):
+    """The module the training step calls: ``model`` itself ("none"), ``torch.compile`` with the Inductor or
+    aot_eager backend, or Inductor with CUDA graphs ("cudagraphs", torch's ``mode="reduce-overhead"``: the whole
+    forward and backward replay as two graph launches, which removes the per-kernel launch cost that dominates
+    small models). The compiled module shares the parameters."""
+    if mode == "none":
+        return model
+    if mode == "cudagraphs":
+        return torch.compile(model, mode="reduce-overhead")
+    return torch.compile(model, backend=mode)
+
+
+def train_step(step_model, model, opt, xb, yb, s: Mapping[str, Any], device: torch.device) -> torch.Tensor:
+    """One optimiser step on the batch (xb, yb): forward under the run's precision, backward, gradient clipping,
+    AdamW. Returns the loss (not synchronised)."""
+    if s["compile"] == "cudagraphs":
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten now
+    with _autocast(device, s["precision"]):
+        _, loss = step_model(xb, yb)[:2]
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if s["grad_clip"] > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
+    opt.step()
+    return loss
+
+
 @torch.no_grad()
 def evaluate_model(model, task_name: str, s: Mapping[str, Any], *, quick: bool = False,
                    device: torch.device | None = None) -> dict[str, dict]:
@@ -120,7 +147,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     model.train()
     opt = _optimizer(model, s)
     # the compiled module shares the parameters; evaluation keeps the eager model (other batch shapes)
-    step_model = model if s["compile"] == "none" else torch.compile(model, backend=s["compile"])
+    step_model = compile_for_training(model, s["compile"])
 
     history: list[dict] = []
     split, metric = spec.primary
@@ -149,13 +176,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
                 x, y = spec.train_batch({**s, "batch_size": s["batch_size"] * DATA_CHUNK}, step // DATA_CHUNK)
                 chunk = list(zip(x.split(s["batch_size"]), y.split(s["batch_size"])))
             xb, yb = (t.to(device, non_blocking=True) for t in chunk.pop(0))
-            with _autocast(device, s["precision"]):
-                _, loss = step_model(xb, yb)[:2]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if s["grad_clip"] > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
-            opt.step()
+            loss = train_step(step_model, model, opt, xb, yb, s, device)
             step += 1
             if step % s["eval_every"] == 0 or step == s["steps"]:
                 value = loss.item()  # synchronises, so the step time below is complete

@@ -30,12 +30,13 @@ COMMON: dict[str, Any] = dict(
     # reproducibility and placement
     seed=0, device="auto", precision="fp32",
     # torch.compile of the training step's model: none, inductor (fuses PaTH's per-chunk UT preparation, which
-    # otherwise launches dozens of small kernels per layer) or aot_eager (traces without code generation)
+    # otherwise launches dozens of small kernels per layer), aot_eager (traces without code generation) or
+    # cudagraphs (Inductor plus CUDA graphs: no per-kernel launch cost; CUDA only)
     compile="none",
 )
 TYPES = {"max_seconds": float, "stop_at": float}
 CHOICES = {"device": ("auto", "cpu", "cuda"), "precision": ("fp32", "tf32", "bf16"),
-           "compile": ("none", "inductor", "aot_eager"),
+           "compile": ("none", "inductor", "aot_eager", "cudagraphs"),
            "loss": ("clean", "full"), "variant": ("tagging", "identity")}
 
 
