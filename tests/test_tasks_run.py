@@ -107,6 +107,29 @@ def test_a5_sweep_and_suite(tmp_path):
     assert json.loads(paths["flipflop"].read_text())["runs"][0]["attention"] == "nope"
 
 
+def test_parallel_depths_join_one_chain(tmp_path):
+    """--parallel-depths trains each depth as its own job; the results join one chain per (attention, length)."""
+    from pathlab.cli import main
+
+    assert main(["tasks", "suite", "--profile", "tiny-cpu", "--attentions", "nope", "--tasks", "a5", "--lengths",
+                 "2", "--layers", "1,2", "--parallel-depths", "--out-dir", str(tmp_path), "--set", "a5:steps=2",
+                 "--set", "a5:eval_every=2"]) == 0
+    (chain,) = json.loads((tmp_path / "a5_sweep.json").read_text())["chains"]
+    assert chain["layers_tried"] == [1, 2] and [r["settings"]["n_layer"] for r in chain["runs"]] == [1, 2]
+
+
+def test_merge_chains_takes_the_smallest_solving_depth():
+    from pathlab.tasks.suite import merge_chains
+
+    def chain(n, solved):
+        return {"attention": "path", "length": 5, "layers_tried": [n], "min_layers": n if solved else None,
+                "runs": [{"settings": {"n_layer": n}}]}
+
+    merged = merge_chains([chain(3, True), chain(1, False), chain(2, True)])
+    assert merged["layers_tried"] == [1, 2, 3] and merged["min_layers"] == 2
+    assert merge_chains([chain(2, False), chain(1, False)])["min_layers"] is None
+
+
 def test_cli_run_and_errors(tmp_path, capsys):
     from pathlab.cli import main
 

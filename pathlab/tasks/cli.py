@@ -76,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     su.add_argument("--n-back", type=_ints, default=None, help="MQRAR-N values, e.g. 2,3 (default: profile's)")
     su.add_argument("--lengths", type=_ints, default=None, help="A5 lengths, e.g. 4,8 (default: profile's)")
     su.add_argument("--layers", type=_ints, default=None, help="A5 depths to try, e.g. 1,2,3 (default: profile's)")
+    su.add_argument("--parallel-depths", action="store_true",
+                    help="train each A5 depth as its own job instead of deepening until one solves the length")
 
     st = sub.add_parser("settings", help="print the resolved settings of a task and profile")
     st.add_argument("task", choices=sorted(TASKS))
@@ -135,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             out_dir = args.out_dir or Path("runs") / "tasks" / args.profile
             paths = run_suite(profile=args.profile, attentions=args.attentions, tasks=args.tasks, out_dir=out_dir,
                               workers=args.workers, command=_command(), log=_log, sweeps=sweeps,
+                              parallel_depths=args.parallel_depths,
                               overrides={t: parse_overrides(v) for t, v in per_task.items()})
             for p in paths.values():
                 print(f"wrote {p}")

@@ -41,6 +41,16 @@ def a5_chain(attention: str, length: int, layers: Sequence[int], *, profile: str
             "min_layers": min_layers, "runs": runs}
 
 
+def merge_chains(chains: Sequence[dict]) -> dict:
+    """One chain from chains of the same (attention, length) that tried different depths (``parallel_depths``):
+    the runs in depth order, and the minimum depth among those that solved the length (None when none did)."""
+    runs = sorted((r for c in chains for r in c["runs"]), key=lambda r: r["settings"]["n_layer"])
+    solved = [c["min_layers"] for c in chains if c["min_layers"] is not None]
+    return {"attention": chains[0]["attention"], "length": chains[0]["length"],
+            "layers_tried": [r["settings"]["n_layer"] for r in runs], "min_layers": min(solved, default=None),
+            "runs": runs}
+
+
 def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
     """One unit of work in a worker process (top-level, so that it pickles)."""
     import torch
@@ -84,8 +94,12 @@ def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
               tasks: Sequence[str] = ("flipflop", "mqrar", "a5"), out_dir: str | Path,
               workers: int = 1, overrides: Mapping[str, Mapping[str, Any]] | None = None,
               sweeps: Mapping[str, Mapping[str, Any]] | None = None, paths: Mapping[str, Path] | None = None,
-              command: str | None = None, log=print) -> dict[str, Path]:
+              parallel_depths: bool = False, command: str | None = None, log=print) -> dict[str, Path]:
     """Run the suite of ``profile`` and write ``<out_dir>/{flipflop,mqrar,a5_sweep}.json``.
+
+    ``parallel_depths``: train every A5 depth as its own job (in parallel workers) instead of deepening one chain
+    until a depth solves the length; the minimum depth is the same, found sooner with enough workers, at the cost
+    of training the depths above it too.
 
     ``overrides`` maps a task name to settings applied on top of the profile (e.g. ``{"a5": {"steps": 50}}``);
     the sweep lists (A5 ``lengths``/``layers``, MQRAR ``n_back``) come from the ``sweep:`` section of each task's
@@ -101,7 +115,9 @@ def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
         lengths, layers = sw.get("lengths", [16]), sw.get("layers", [1, 2, 3, 4])
         solved_at = resolve_settings("a5", profile=profile, overrides=overrides["a5"])["solved_at"]
         fields["a5"] = {"lengths": lengths, "layers": layers, "solved_at": solved_at}
-        jobs += [("a5", a, {"length": k, "layers": layers}) for k in sorted(lengths, reverse=True) for a in attentions]
+        depth_sets = [[n] for n in sorted(layers, reverse=True)] if parallel_depths else [layers]
+        jobs += [("a5", a, {"length": k, "layers": d}) for k in sorted(lengths, reverse=True) for a in attentions
+                 for d in depth_sets]
     if "mqrar" in tasks:
         sw = {**sweep_profile("mqrar", profile), **dict((sweeps or {}).get("mqrar", {}))}
         n_backs = sw.get("n_back", [1, 2, 3, 4])
@@ -122,6 +138,10 @@ def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
 
     def finish(job, rec):
         task = job[0]
+        if task == "a5":  # depths trained as separate jobs join their chain
+            same = [c for c in results[task] if (c["attention"], c["length"]) == (rec["attention"], rec["length"])]
+            results[task] = [c for c in results[task] if c not in same]
+            rec = merge_chains(same + [rec])
         results[task].append(rec)
         write_json(paths[task], _aggregate(task, profile, command, results[task], **fields[task]))
         if task == "a5":
