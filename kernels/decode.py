@@ -1,10 +1,14 @@
-"""Fused PaTH decode step in Triton: update the cached keys with H_t in place and attend, in one pass.
+"""PaTH decode steps in Triton.
 
-For each (batch, kv head) and each slice of the cache (split-K, FlashDecoding style), a program reads its
-block of fp32 keys once, applies k_j ← k_j − β_t (k_jᵀ w_t) w_t to the positions j < n (the new key k_t sits at
-position n untransformed), writes them back, and scores every query head of the group against the updated keys:
-s_j = scale · q·k_j + (G_t − G_j). Each slice returns a partial (max, sum, Σ p v); ``combine`` merges them.
-Bytes per step: the fp32 keys read and written once, the values read once.
+Immediate step (``PathDecodeCache(defer=0)``): for each (batch, kv head) and each slice of the cache (split-K,
+FlashDecoding style), a program reads its block of fp32 keys once, applies k_j ← k_j − β_t (k_jᵀ w_t) w_t to the
+positions j < n (the new key k_t sits at position n untransformed), writes them back, and scores every query head
+of the group against the updated keys: s_j = scale · q·k_j + (G_t − G_j). Each slice returns a partial
+(max, sum, Σ p v), merged by a few torch ops. Bytes per step: the fp32 keys read and written once, the values read
+once.
+
+Deferred step (``defer=R ≥ 1``, the default): see the section further down; the keys are read once per step in
+the shadow's precision and rewritten only every R steps.
 """
 
 from __future__ import annotations
@@ -93,3 +97,289 @@ def decode_step_triton(k_cache, v_cache, G, q, wn, beta, gate_t, n, scale, *, bl
     wgt = torch.exp2(m - mmax)  # [B·Hkv, split, group]
     o = (acc * wgt[..., None]).sum(1) / (l_ * wgt).sum(1)[..., None]
     return o.reshape(B, H, DV)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Deferred transitions (``PathDecodeCache(defer=R)``, R ≥ 1): the cache holds keys carried to a base step τ and a
+# low-precision shadow of them; the pending product M = H_{τ+1} ⋯ H_n (D×D) and the recent keys carried to the
+# current step (≤ R rows) live beside it. Positions are 0-based: the base keys are 0 … base−1 (base = τ + 1),
+# the token of the step sits at n. A step is three launches:
+#
+#   _deferred_prep_kernel    one program per (batch, kv head): M ← M H_n, q_τ = M q for every query head of the
+#                            group (written, pre-scaled, for the next kernel), recent keys ← · H_n and append k_n,
+#                            store v_n and G_n, score the recent keys (positions base … n) with q itself → partial 0
+#   _deferred_attend_kernel  split-K over the base keys 0 … base−1: reads the shadow keys and the values once, scores
+#                            with q_τ, one partial (max, sum, Σ p v) per split → partials 1 … n_split
+#   _deferred_merge_kernel   one program per (batch, kv head): merges the partials, writes o in q's dtype
+#
+# and every R steps ``fold_triton`` carries the base keys to the current step, K ← K M (rows; fp32 dot product
+# without TF32), appends the recent keys and rewrites the shadow (one launch).
+# Scores are kept in base 2: q_τ and q are scaled by scale · log2(e) and the gate by log2(e).
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit(do_not_specialize=["n", "base", "r"])
+def _deferred_prep_kernel(
+    Q, KIN, VIN, WIN, BETA, GIN, VC, GC, MT, RK, QT, MP, LP, AP,
+    sq_b, sk_b, sv_b, sw_b, sbeta_b, sg_b,
+    n, base, r, max_len, scale_log2, n_slots,
+    HKV: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CH: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, HAS_GATE: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)  # b * HKV + kv head
+    b = bh // HKV
+    hk = bh % HKV
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    w = tl.load(WIN + b * sw_b + hk * D + dcol).to(tl.float32)
+    w = w / tl.maximum(tl.sqrt(tl.sum(w * w, 0)), 1e-12)  # the raw direction, normalised as F.normalize does
+    beta = tl.load(BETA + b * sbeta_b + hk).to(tl.float32)
+
+    grow = tl.arange(0, GROUP)
+    head = bh * GROUP + grow  # b * H + query head
+    q = tl.load(Q + b * sq_b + (hk * GROUP + grow)[:, None] * D + dcol[None, :]).to(tl.float32)  # [GROUP, D]
+
+    # M ← M H_n = M − β (M w) wᵀ and q_τ = M q, row block by row block (both act on the rows of M independently)
+    for c in tl.static_range(0, D, CH):
+        rows = c + tl.arange(0, CH)
+        mp = MT + bh * D * D + rows[:, None] * D + dcol[None, :]
+        mc = tl.load(mp)
+        mc = mc - (beta * tl.sum(mc * w[None, :], 1))[:, None] * w[None, :]
+        tl.store(mp, mc)
+        qt = tl.sum(q[:, None, :] * mc[None, :, :], 2) * scale_log2  # [GROUP, CH]
+        tl.store(QT + head[:, None] * D + rows[None, :], qt)
+
+    # recent keys (positions base … n−1 in rows 0 … r−1) carried by H_n, k_n appended as row r
+    j = tl.arange(0, RP)
+    old = j < r
+    live = j <= r
+    rp = RK + (bh * R + j[:, None]) * D + dcol[None, :]
+    rk = tl.load(rp, mask=old[:, None], other=0.0)
+    rk = rk - (beta * tl.sum(rk * w[None, :], 1))[:, None] * w[None, :]
+    k_new = tl.load(KIN + b * sk_b + hk * D + dcol).to(tl.float32)
+    rk = tl.where((j == r)[:, None], k_new[None, :], rk)
+    tl.store(rp, rk, mask=live[:, None] & (j < R)[:, None])
+
+    # the value cache holds v_n from now on; the recent part reads it back rounded to the cache dtype
+    v_new = tl.load(VIN + b * sv_b + hk * DV + vcol).to(VC.dtype.element_ty)
+    tl.store(VC + (bh * max_len + n) * DV + vcol, v_new)
+    vr = tl.load(VC + (bh * max_len + base + j[:, None]) * DV + vcol[None, :], mask=old[:, None], other=0.0)
+    vr = tl.where((j == r)[:, None], v_new.to(tl.float32)[None, :], vr.to(tl.float32))  # [RP, DV]
+
+    s = tl.sum(q[:, None, :] * rk[None, :, :], 2) * scale_log2  # [GROUP, RP]
+    if HAS_GATE:
+        g_prev = tl.load(GC + head * max_len + tl.maximum(n - 1, 0))
+        g_prev = tl.where(n > 0, g_prev, 0.0)
+        g_t = g_prev + tl.load(GIN + b * sg_b + hk * GROUP + grow).to(tl.float64)  # [GROUP] fp64
+        tl.store(GC + head * max_len + n, g_t)  # G_n, read by the attend kernel
+        g_j = tl.load(GC + head[:, None] * max_len + base + j[None, :], mask=old[None, :], other=0.0)
+        g_j = tl.where((j == r)[None, :], g_t[:, None], g_j)
+        s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
+    s = tl.where(live[None, :], s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.math.exp2(s - m[:, None])
+    slot = (bh * n_slots) * GROUP + grow  # slot 0 of this (batch, kv head)
+    tl.store(MP + slot, m)
+    tl.store(LP + slot, tl.sum(p, 1))
+    tl.store(AP + slot[:, None] * DV + vcol[None, :], tl.sum(p[:, :, None] * vr[None, :, :], 1))
+
+
+@triton.jit(do_not_specialize=["n", "base", "per_split"])
+def _deferred_attend_kernel(
+    KS, VC, GC, QT, MP, LP, AP,
+    n, base, max_len, per_split, n_slots,
+    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    grow = tl.arange(0, GROUP)
+    head = bh * GROUP + grow
+    qt = tl.load(QT + head[:, None] * D + dcol[None, :])  # [GROUP, D] fp32, q_τ · scale · log2(e)
+    if HAS_GATE:
+        g_t = tl.load(GC + head * max_len + n)  # fp64 G_n per query head
+    m_i = tl.full([GROUP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, DV], tl.float32)
+    start = split * per_split
+    for off in range(start, start + per_split, BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        valid = j < base
+        kb = tl.load(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], mask=valid[:, None], other=0.0)
+        s = tl.sum(qt[:, None, :] * kb.to(tl.float32)[None, :, :], 2)  # [GROUP, BLOCK]
+        if HAS_GATE:
+            g_j = tl.load(GC + head[:, None] * max_len + j[None, :], mask=valid[None, :], other=0.0)
+            s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb.to(tl.float32)[None, :, :], 1)
+        m_i = m_new
+    slot = (bh * n_slots + 1 + split) * GROUP + grow
+    tl.store(MP + slot, m_i)
+    tl.store(LP + slot, l_i)
+    tl.store(AP + slot[:, None] * DV + vcol[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["n_used"])
+def _deferred_merge_kernel(
+    MP, LP, AP, O, n_used, n_slots,
+    GROUP: tl.constexpr, DV: tl.constexpr, SC: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    grow = tl.arange(0, GROUP)
+    vcol = tl.arange(0, DV)
+    m_i = tl.full([GROUP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, DV], tl.float32)
+    for s0 in range(0, n_used, SC):  # slot 0 (the recent part, with the token itself) is always finite
+        s = s0 + tl.arange(0, SC)
+        used = s < n_used
+        slot = (bh * n_slots + s[:, None]) * GROUP + grow[None, :]  # [SC, GROUP]
+        m = tl.load(MP + slot, mask=used[:, None], other=float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(m, 0))
+        alpha = tl.math.exp2(m_i - m_new)
+        wgt = tl.math.exp2(m - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(tl.load(LP + slot, mask=used[:, None], other=0.0) * wgt, 0)
+        a = tl.load(AP + slot[:, :, None] * DV + vcol[None, None, :], mask=used[:, None, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(a * wgt[:, :, None], 0)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(O + (bh * GROUP + grow)[:, None] * DV + vcol[None, :], o.to(O.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["n", "base"])
+def _fold_kernel(
+    K, KS, MT, RK, n, base, max_len,
+    R: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_SHADOW: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    dcol = tl.arange(0, D)
+    old = j < base
+    recent = (j >= base) & (j < n)
+    kp = K + (bh * max_len + j[:, None]) * D + dcol[None, :]
+    kb = tl.load(kp, mask=old[:, None], other=0.0)
+    mt = tl.load(MT + bh * D * D + dcol[:, None] * D + dcol[None, :])
+    kn = tl.dot(kb, mt, input_precision="ieee")  # rows K ← K M, full fp32
+    rk = tl.load(RK + (bh * R + (j - base)[:, None]) * D + dcol[None, :], mask=recent[:, None], other=0.0)
+    kn = tl.where(recent[:, None], rk, kn)
+    live = (j < n)[:, None]
+    tl.store(kp, kn, mask=live)
+    if HAS_SHADOW:
+        tl.store(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], kn.to(KS.dtype.element_ty), mask=live)
+
+
+def _pow2(x):
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _pow2_floor(x):
+    return 1 << (int(x).bit_length() - 1)
+
+
+def _programs_target(device):
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter: a few splits, enough to exercise the merge
+
+
+def _attend_block(D):
+    return 64 if D <= 64 else 32
+
+
+class DeferredWorkspace:
+    """Per-cache scratch of the deferred step, and its launch constants (fixed per cache, so computed once).
+
+    q_τ ``[B·Hkv, group, D]`` and the partials (max, sum, Σ p v) per slot: slot 0 is the recent part, slots 1 …
+    the splits of the base keys.
+    """
+
+    def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device):
+        device = torch.device(device)
+        bh = batch * n_kv_heads
+        self.block = _attend_block(head_dim)
+        self.max_split = max(1, min(triton.cdiv(max_len, self.block), triton.cdiv(_programs_target(device), bh)))
+        self.n_slots = 1 + self.max_split
+        self.rp = _pow2(max(defer, 2))  # rows of the recent-key tile
+        self.ch = _pow2_floor(max(1, min(head_dim, 8192 // (group * head_dim))))  # rows of M per chunk
+        self.prep_warps = 8 if group * self.rp * head_dim > 8192 else 4
+        self.sc = min(_pow2(self.n_slots), _pow2_floor(max(1, 4096 // (group * value_dim))))  # slots per merge tile
+        self.qt = torch.empty(bh, group, head_dim, dtype=torch.float32, device=device)
+        self.m = torch.empty(bh, self.n_slots, group, dtype=torch.float32, device=device)
+        self.l = torch.empty_like(self.m)
+        self.acc = torch.empty(bh, self.n_slots, group, value_dim, dtype=torch.float32, device=device)
+
+    def splits(self, base):
+        """(number of splits, keys per split) of the base keys 0 … base−1."""
+        if base == 0:
+            return 0, 0
+        n_split = max(1, min(triton.cdiv(base, self.block), self.max_split))
+        per_split = triton.cdiv(triton.cdiv(base, n_split), self.block) * self.block
+        return triton.cdiv(base, per_split), per_split
+
+
+def _rows(t):
+    """A one-token input ``[B, 1, heads(, dim)]`` whose heads are packed (unit stride inside a head); returns it
+    (copied only when it is not) and its batch stride. No view is made: the token axis has size 1."""
+    st = t.stride()
+    if st[-1] != 1 or (t.dim() == 4 and st[-2] != t.shape[-1]):
+        t = t.contiguous()
+        st = t.stride()
+    return t, st[0]
+
+
+def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, n, base, scale):
+    """One deferred decode step for the token at position ``n``: three launches (prep, split-K attend, merge).
+
+    ws: :class:`DeferredWorkspace`; k_attend ``[B, Hkv, L, D]``: the keys scored for positions < ``base`` (the
+    shadow, or the fp32 master); v_cache ``[B, Hkv, L, Dv]``; G ``[B, H, L]`` fp64 or None; M ``[B, Hkv, D, D]``
+    fp32 (H_{τ+1} ⋯ H_{n−1}, I when nothing is pending); rk ``[B, Hkv, R, D]`` fp32 (rows 0 … n−base−1 pending).
+    q, k, v, w, beta, g: the token's inputs ``[B, 1, …]`` as :meth:`pathlab.decoding.PathDecodeCache.step` takes
+    them (w raw). Updates M, rk, v_cache[:, :, n] and G[:, :, n] in place. Returns o ``[B, 1, H, Dv]`` in q's dtype.
+    """
+    B, Hkv, L, D = k_attend.shape
+    H, DV = q.shape[2], v_cache.shape[-1]
+    group = H // Hkv
+    has_gate = g is not None
+    (qr, sq), (kr, sk), (vr, sv), (wr, sw), (br, sb) = (_rows(t) for t in (q, k, v, w, beta))
+    gr, sg = _rows(g) if has_gate else (qr, 0)
+    gc = G if has_gate else v_cache
+    _deferred_prep_kernel[(B * Hkv,)](
+        qr, kr, vr, wr, br, gr, v_cache, gc, M, rk, ws.qt, ws.m, ws.l, ws.acc,
+        sq, sk, sv, sw, sb, sg,
+        n, base, n - base, L, scale * _LOG2E, ws.n_slots,
+        HKV=Hkv, GROUP=group, R=rk.shape[2], RP=ws.rp, CH=ws.ch, D=D, DV=DV, HAS_GATE=has_gate,
+        num_warps=ws.prep_warps,
+    )
+    n_split, per_split = ws.splits(base)
+    if n_split:
+        _deferred_attend_kernel[(B * Hkv, n_split)](
+            k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc,
+            n, base, L, per_split, ws.n_slots,
+            GROUP=group, HAS_GATE=has_gate, BLOCK=ws.block, D=D, DV=DV,
+        )
+    o = torch.empty(B, 1, H, DV, dtype=q.dtype, device=q.device)
+    _deferred_merge_kernel[(B * Hkv,)](
+        ws.m, ws.l, ws.acc, o, 1 + n_split, ws.n_slots,
+        GROUP=group, DV=DV, SC=ws.sc,
+    )
+    return o
+
+
+def fold_triton(k_master, k_shadow, M, rk, n, base):
+    """Carry the base keys 0 … base−1 by M (rows K ← K M, fp32 without TF32), move the pending keys (rows of rk,
+    already carried to the current step) to positions base … n−1 and rewrite the shadow of 0 … n−1. One launch."""
+    B, Hkv, L, D = k_master.shape
+    block = 64 if D <= 64 else 32
+    has_shadow = k_shadow is not None
+    _fold_kernel[(B * Hkv, triton.cdiv(n, block))](
+        k_master, k_shadow if has_shadow else k_master, M, rk, n, base, L,
+        R=rk.shape[2], D=D, BLOCK=block, HAS_SHADOW=has_shadow,
+    )

@@ -1,26 +1,69 @@
-"""Generation cache for PaTH and PaTH-FoX: keys carried to the current step, updated in place.
+"""Generation cache for PaTH and PaTH-FoX: keys carried to a base step, transitions of recent steps deferred.
 
-With s_tj = scale · q_tᵀ H_t ⋯ H_{j+1} k_j + (G_t − G_j), keep every cached key already carried to the last
-token, k_j⁽ᵗ⁾ = H_t ⋯ H_{j+1} k_j. A new token t+1 then costs one pass over the cache:
+Scores: s_ij = scale · q_iᵀ H_i ⋯ H_{j+1} k_j + (G_i − G_j) for j ≤ i (the query's own H_i applies to every key
+j < i, not to k_i), with H_t = I − β_t w_t w_tᵀ (symmetric).
 
-    k_j ← k_j − β_{t+1} (k_jᵀ w_{t+1}) w_{t+1}   for all cached j ≤ t      (H_{t+1} applied in place)
-    append k_{t+1} unchanged;   o = softmax(scale · K q_{t+1} + G_{t+1} − G) V   (ordinary decoding)
+Deferred step (``defer=R ≥ 1``, default R = 32). The cache holds a base step τ and
 
-Precision. Keys live in fp32 (``dtype``) and are rewritten in place, never re-rounded to bf16. Each H_t has
-eigenvalues 1 and 1 − β_t ∈ (−1, 1), so ‖H_t‖ ≤ 1 and the rounding errors add up at most linearly: after n
-steps ‖Δk_j‖ ≲ n · c · ε_fp32 · ‖k_j‖ with ε_fp32 ≈ 6e-8 and c a small constant (one dot product of length D
-and one axpy per step), i.e. ≲ 1e-3 relative even after 64K steps, and about √n · ε in practice (random
-rounding). The gate sums G are kept in fp64.
+* the keys carried to τ, K_j^(τ) = H_τ ⋯ H_{j+1} k_j for j ≤ τ, as an fp32 master copy (never re-rounded) and a
+  low-precision shadow of it (fp16 by default on the Triton path) that the attention reads;
+* the pending product M = H_{τ+1} ⋯ H_i (D×D per batch and kv head; I when nothing is pending);
+* the r ≤ R recent keys carried to the current step, Rk_j = H_i ⋯ H_{j+1} k_j for τ < j ≤ i.
+
+A step i updates M ← M H_i = M − β_i (M w_i) w_iᵀ (O(D²)) and Rk_j ← Rk_j − β_i (Rk_jᵀ w_i) w_iᵀ for j < i (O(R·D)),
+appends k_i, and attends: the base keys score with the carried query q_τ = M q_i, because H is symmetric,
+q_iᵀ H_i ⋯ H_{τ+1} K_j^(τ) = (H_{τ+1} ⋯ H_i q_i)ᵀ K_j^(τ); the recent keys score with q_i · Rk_j; one softmax over
+both. When r reaches R the step folds: K_j^(i) = H_i ⋯ H_{τ+1} K_j^(τ) = Mᵀ K_j^(τ), i.e. rows K ← K M (one batched
+fp32 product, no TF32), the Rk rows are appended to the master, the shadow is rewritten, M = I and τ = i.
+Bytes per cached element and step: the shadow key and the value (4 with fp16 keys and bf16 values, as plain
+decoding) plus 10/R for the fold (fp32 read and write, shadow write).
+
+Immediate step (``defer=0``): every step applies H_i to every cached fp32 key in place,
+k_j ← k_j − β_i (k_jᵀ w_i) w_i, appends k_i and attends over the keys as they are (10 bytes per element and step).
+
+Precision.
+
+* Shadow: one rounding of the fp32 master, rewritten at every fold, so it does not accumulate. fp16 has a
+  relative error ≤ 2⁻¹¹ per key element (absolute ≤ 2⁻²⁵ below 6·10⁻⁵; bf16, as plain decoding's keys: 2⁻⁸);
+  a score moves by at most scale · 2⁻¹¹ · Σ_d |q_τ,d K_j,d| ≤ scale · 2⁻¹¹ · ‖q_i‖ ‖k_j‖ (‖H‖ ≤ 1, so
+  ‖q_τ‖ ≤ ‖q_i‖ and ‖K_j‖ ≤ ‖k_j‖).
+  fp16 overflows above 65504: keys that large need ``shadow_dtype=torch.bfloat16`` (or None). ``None`` scores
+  from the master directly (what fp64 caches do).
+* Master (fp32 or fp64): each fold is one length-D dot product per element with M, whose error is that of a
+  product of ≤ R factors built by rank-1 updates in the cache precision, ≲ R · c · ε. All factors have norm ≤ 1,
+  so errors add at most linearly over the folds: after n steps the relative key error is
+  ≲ (n · c + (n / R) · D) · ε with ε ≈ 6e-8 in fp32, and about √(n / R) · √D · ε in practice (random rounding).
+  The recent keys see the same ≤ R rank-1 updates as M.
+* q_τ = M q_i: one product with M per step, error ≲ (R · c + D) · ε relative, not accumulated.
+* The gate sums G are kept in fp64.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+
+SHADOW_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _normalize(w):
     return F.normalize(w.to(torch.promote_types(w.dtype, torch.float32)), dim=-1)
+
+
+@contextlib.contextmanager
+def _full_fp32(device):
+    """fp32 matrix products without TF32 on CUDA, whatever ``torch.set_float32_matmul_precision`` says."""
+    if device.type != "cuda" or torch.get_float32_matmul_precision() == "highest":
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def carry_keys_to_end(k, w, beta, chunk: int = 64):
@@ -52,24 +95,35 @@ def carry_keys_to_end(k, w, beta, chunk: int = 64):
     return out
 
 
+
+
 class PathDecodeCache:
-    """Per-layer generation cache for PaTH / PaTH-FoX; keys kept in fp32, updated in place.
+    """Per-layer generation cache for PaTH / PaTH-FoX (see the module docstring for the algorithm).
 
     Args:
         batch, n_kv_heads, max_len, head_dim, value_dim: sizes of the preallocated cache.
         n_heads: query heads (a multiple of ``n_kv_heads``; default equal). Query head h reads kv head
             h // (n_heads / n_kv_heads).
-        dtype: key (and gate) cache precision; fp32 by default (fp64 for exact tests).
+        dtype: precision of the master keys, of M and of the recent keys; fp32 by default (fp64 for exact tests).
         value_dtype: value cache dtype (default ``dtype``; bf16 halves the value traffic of a step).
-        use_triton: fuse the key update and the attention of :meth:`step` in one Triton kernel
-            (:mod:`pathlab.kernels.decode`). None = on CUDA when the shapes allow it (fp32 keys, power-of-two
-            head dims ≥ 16 and group size); False = plain PyTorch ops (what the CPU always uses).
+        defer: R, the number of steps whose transitions are deferred before they are folded into the master
+            keys (default 32; any R ≥ 1 gives the same result up to rounding; R = 1 folds at every step).
+            0 = the immediate step: H_t is applied to every cached key in place at every step (10 bytes per
+            element and step).
+        shadow_dtype: precision of the copy of the base keys that the attention reads: ``torch.float16`` or
+            ``torch.bfloat16``; None = score from the master directly. "auto" (default) = fp16 when the step runs
+            in Triton (fp32 keys on CUDA), None otherwise (the PyTorch step would only upcast it again).
+            Needs ``defer ≥ 1``.
+        use_triton: run :meth:`step` as Triton kernels (:mod:`pathlab.kernels.decode`: three launches per step,
+            one more every R steps for the fold; the fused update-and-attend kernel when ``defer=0``). None = on
+            CUDA when the shapes allow it (fp32 keys, power-of-two head dims ≥ 16 and group size); False = plain
+            PyTorch ops (what the CPU always uses).
 
     ``w`` passed to :meth:`prefill` and :meth:`step` is the raw direction: it is normalised here in fp32.
     """
 
     def __init__(self, batch, n_kv_heads, max_len, head_dim, value_dim, *, n_heads=None, device=None,
-                 dtype=torch.float32, value_dtype=None, use_triton=None):
+                 dtype=torch.float32, value_dtype=None, use_triton=None, defer=32, shadow_dtype="auto"):
         for name, x in (("batch", batch), ("n_kv_heads", n_kv_heads), ("max_len", max_len),
                         ("head_dim", head_dim), ("value_dim", value_dim)):
             if not isinstance(x, int) or x < 1:
@@ -79,12 +133,24 @@ class PathDecodeCache:
             raise ValueError(f"n_heads must be a positive multiple of n_kv_heads ({n_kv_heads}), got {n_heads!r}")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64 (keys are updated in place), got {dtype}")
+        if isinstance(defer, bool) or not isinstance(defer, int) or defer < 0:
+            raise ValueError(f"defer must be an int ≥ 0 (0 = immediate update, R ≥ 1 = fold every R steps), "
+                             f"got {defer!r}")
+        if not (shadow_dtype is None or (isinstance(shadow_dtype, str) and shadow_dtype == "auto")
+                or shadow_dtype in SHADOW_DTYPES):
+            raise ValueError(f"shadow_dtype must be 'auto', None, torch.float16 or torch.bfloat16, "
+                             f"got {shadow_dtype!r}")
+        if defer == 0 and shadow_dtype not in ("auto", None):
+            raise ValueError("shadow_dtype needs defer ≥ 1: the immediate step (defer=0) rewrites every key "
+                             "at every step and scores the fp32 keys")
         self.batch, self.n_kv_heads, self.n_heads = batch, n_kv_heads, n_heads
         self.max_len, self.head_dim, self.value_dim = max_len, head_dim, value_dim
-        self.k = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.defer = defer
+        self.k = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)  # master keys
         self.v = torch.zeros(batch, n_kv_heads, max_len, value_dim, dtype=value_dtype or dtype, device=device)
         self.G = torch.zeros(batch, n_heads, max_len, dtype=torch.float64, device=device)  # cumsum of g
-        self.length = 0
+        self.length = 0  # cached tokens
+        self.base = 0  # tokens folded into the master keys (τ + 1 in 0-based positions)
         pow2 = lambda x: x >= 1 and (x & (x - 1)) == 0  # noqa: E731
         fusable = dtype == torch.float32 and pow2(n_heads // n_kv_heads) and all(
             pow2(x) and x >= 16 for x in (head_dim, value_dim))
@@ -92,12 +158,37 @@ class PathDecodeCache:
             raise ValueError("use_triton=True needs fp32 keys, head dims in {16, 32, 64, 128} and a power-of-two "
                              "group size n_heads / n_kv_heads")
         self.use_triton = fusable and (self.k.device.type == "cuda" if use_triton is None else bool(use_triton))
+        if isinstance(shadow_dtype, str):  # "auto"
+            shadow_dtype = torch.float16 if defer and self.use_triton else None
+        self.shadow_dtype = shadow_dtype
+        self.k_shadow = (None if shadow_dtype is None else
+                         torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=shadow_dtype, device=device))
+        self.M = self.rk = self._ws = None
+        if defer:
+            self._eye = torch.eye(head_dim, dtype=dtype, device=device)
+            self.M = self._eye.repeat(batch, n_kv_heads, 1, 1)  # H_{τ+1} ⋯ H_i (its own memory)
+            self.rk = torch.zeros(batch, n_kv_heads, defer, head_dim, dtype=dtype, device=device)
+            if self.use_triton:
+                from pathlab.kernels.decode import DeferredWorkspace
+
+                self._ws = DeferredWorkspace(batch, n_kv_heads, n_heads // n_kv_heads, head_dim, value_dim,
+                                             max_len, defer, self.k.device)
 
     def __len__(self):
         return self.length
 
+    @property
+    def pending(self):
+        """Tokens whose transitions are not folded into the master keys yet (r; always 0 when ``defer=0``)."""
+        return self.length - self.base
+
     def reset(self):
-        self.length = 0
+        self.length = self.base = 0
+        if self.M is not None:
+            self._reset_m()
+
+    def _reset_m(self):
+        self.M.copy_(self._eye)  # broadcast over batch and heads
 
     def _check(self, q, k, v, w, beta, g, T=None):
         B, Hkv, D, Dv, H = self.batch, self.n_kv_heads, self.head_dim, self.value_dim, self.n_heads
@@ -119,7 +210,8 @@ class PathDecodeCache:
     def prefill(self, q, k, v, w, beta, g=None, *, scale=None):
         """Run the prompt in parallel form and cache its keys carried to the prompt end. Returns o ``[B, T, H, Dv]``.
 
-        The output comes from :func:`pathlab.path_attention` (Triton on CUDA, blockwise PyTorch elsewhere).
+        The output comes from :func:`pathlab.path_attention` (Triton on CUDA, blockwise PyTorch elsewhere). The
+        prompt's keys become the base keys (τ = the last prompt token) and fill the shadow.
         """
         import pathlab
 
@@ -129,65 +221,136 @@ class PathDecodeCache:
         T = q.shape[1]
         o = pathlab.path_attention(q, k, v, w, beta, g, scale=scale)
         kd = self.k.dtype
-        self.k[:, :, :T] = carry_keys_to_end(k.to(kd), _normalize(w).to(kd), beta.to(kd))
+        with _full_fp32(self.k.device):
+            self.k[:, :, :T] = carry_keys_to_end(k.to(kd), _normalize(w).to(kd), beta.to(kd))
+        if self.k_shadow is not None:
+            self.k_shadow[:, :, :T] = self.k[:, :, :T]
         self.v[:, :, :T] = v.transpose(1, 2).to(self.v.dtype)
         if g is not None:
             self.G[:, :, :T] = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)
-        self.length = T
+        self.length = self.base = T
         return o
 
     @torch.no_grad()
     def step(self, q, k, v, w, beta, g=None, *, scale=None):
-        """One new token (``[B, 1, ...]`` inputs): apply its H_t to every cached key, append k_t, attend.
-
-        Returns o ``[B, 1, H, Dv]`` in q's dtype.
+        """One new token (``[B, 1, ...]`` inputs): carry the cache by its H_t (deferred or in place), append k_t,
+        attend. Returns o ``[B, 1, H, Dv]`` in q's dtype.
         """
         self._check(q, k, v, w, beta, g, T=1)
-        B, Hkv, H, D = self.batch, self.n_kv_heads, self.n_heads, self.head_dim
-        n = self.length
-        kd = self.k.dtype
-        scale = D ** -0.5 if scale is None else float(scale)
-        wn = _normalize(w[:, 0]).to(kd)  # [B, Hkv, D]
+        scale = self.head_dim ** -0.5 if scale is None else float(scale)
+        if self.defer and self.use_triton:
+            return self._step_deferred_triton(q, k, v, w, beta, g, scale)
+        wn = _normalize(w[:, 0]).to(self.k.dtype)  # [B, Hkv, D]
         if self.use_triton:
-            return self._step_triton(q, k, v, wn, beta, g, scale)
+            return self._step_immediate_triton(q, k, v, wn, beta, g, scale)
+        with _full_fp32(self.k.device):
+            if self.defer:
+                return self._step_deferred_torch(q, k, v, wn, beta, g, scale)
+            return self._step_immediate_torch(q, k, v, wn, beta, g, scale)
+
+    def _append(self, v, g, n):
+        self.v[:, :, n] = v[:, 0].to(self.v.dtype)
+        if g is not None:
+            prev = self.G[:, :, n - 1] if n else 0.0
+            self.G[:, :, n] = prev + g[:, 0].to(torch.float64)
+
+    def _step_deferred_torch(self, q, k, v, wn, beta, g, scale):
+        n, r = self.length, self.pending
+        kd = self.k.dtype
+        w_col = wn[..., None]  # [B, Hkv, D, 1]
+        bw_row = (beta[:, 0].to(kd)[..., None] * wn)[..., None, :]  # β w as a row   [B, Hkv, 1, D]
+        self.M -= (self.M @ w_col) @ bw_row  # M ← M H_n
+        if r:
+            rk = self.rk[:, :, :r]  # a view: rows Rk_j ← Rk_j H_n
+            rk -= (rk @ w_col) @ bw_row
+        self.rk[:, :, r] = k[:, 0].to(kd)
+        self._append(v, g, n)
+        self.length = n + 1
+        o = self.attend(q, scale=scale, gated=g is not None)
+        if self.pending == self.defer:
+            self._fold()
+        return o
+
+    def _step_deferred_triton(self, q, k, v, w, beta, g, scale):
+        from pathlab.kernels.decode import deferred_step_triton
+
+        n = self.length
+        keys = self.k_shadow if self.k_shadow is not None else self.k
+        o = deferred_step_triton(self._ws, keys, self.v, self.G if g is not None else None, self.M, self.rk,
+                                 q, k, v, w, beta, g, n, self.base, scale)
+        self.length = n + 1
+        if self.pending == self.defer:
+            self._fold()
+        return o
+
+    def _fold(self):
+        """Carry the base keys to the current step (rows K ← K M), append the pending keys, refresh the shadow."""
+        base, n = self.base, self.length
+        if self.use_triton:
+            from pathlab.kernels.decode import fold_triton
+
+            fold_triton(self.k, self.k_shadow, self.M, self.rk, n, base)
+        else:
+            with _full_fp32(self.k.device):
+                if base:
+                    self.k[:, :, :base] = self.k[:, :, :base] @ self.M
+            self.k[:, :, base:n] = self.rk[:, :, :n - base]
+            if self.k_shadow is not None:
+                self.k_shadow[:, :, :n] = self.k[:, :, :n]
+        self._reset_m()
+        self.base = n
+
+    def _step_immediate_torch(self, q, k, v, wn, beta, g, scale):
+        B, Hkv, D = self.batch, self.n_kv_heads, self.head_dim
+        n, kd = self.length, self.k.dtype
         if n:
             keys = self.k[:, :, :n].reshape(B * Hkv, n, D)  # a view into the cache
             coef = torch.bmm(keys, wn.reshape(B * Hkv, D, 1))  # k_jᵀ w_t           [B·Hkv, n, 1]
             keys.baddbmm_(coef, (-beta[:, 0].to(kd)[..., None] * wn).reshape(B * Hkv, 1, D))
         self.k[:, :, n] = k[:, 0].to(kd)
-        self.v[:, :, n] = v[:, 0].to(self.v.dtype)
-        if g is not None:
-            prev = self.G[:, :, n - 1] if n else 0.0
-            self.G[:, :, n] = prev + g[:, 0].to(torch.float64)
-        self.length = n + 1
+        self._append(v, g, n)
+        self.length = self.base = n + 1
         return self.attend(q, scale=scale, gated=g is not None)
 
-    def _step_triton(self, q, k, v, wn, beta, g, scale):
+    def _step_immediate_triton(self, q, k, v, wn, beta, g, scale):
         from pathlab.kernels.decode import decode_step_triton
 
         n = self.length
         self.k[:, :, n] = k[:, 0].to(self.k.dtype)
-        self.v[:, :, n] = v[:, 0].to(self.v.dtype)
-        gate_t = None
-        if g is not None:
-            prev = self.G[:, :, n - 1] if n else 0.0
-            self.G[:, :, n] = prev + g[:, 0].to(torch.float64)
-            gate_t = self.G[:, :, n]
+        self._append(v, g, n)
+        gate_t = self.G[:, :, n] if g is not None else None
         o = decode_step_triton(self.k, self.v, self.G if g is not None else None, q[:, 0], wn,
                                beta[:, 0].float(), gate_t, n, scale)
-        self.length = n + 1
+        self.length = self.base = n + 1
         return o[:, None].to(q.dtype)
 
+    def carried_keys(self):
+        """All cached keys carried to the last token, H_i ⋯ H_{j+1} k_j, ``[B, Hkv, length, D]`` (master precision;
+        computed, the cache is left as it is)."""
+        base, r = self.base, self.pending
+        with _full_fp32(self.k.device):
+            old = self.k[:, :, :base] @ self.M if r else self.k[:, :, :base]
+        return torch.cat([old, self.rk[:, :, :r]], 2) if r else old.clone()
+
     def attend(self, q, *, scale, gated):
-        """Softmax attention of q ``[B, 1, H, D]`` over the cached (already carried) keys."""
+        """Softmax attention of q ``[B, 1, H, D]`` (the query of the last cached token) over the cache.
+
+        The base keys score with q_τ = M q (the shadow when there is one, else the master), the pending keys with
+        q itself; one softmax over both. PyTorch ops in the master precision.
+        """
         B, Hkv, H, D = self.batch, self.n_kv_heads, self.n_heads, self.head_dim
-        n, kd = self.length, self.k.dtype
+        n, base, r, kd = self.length, self.base, self.pending, self.k.dtype
         qg = q[:, 0].to(kd).reshape(B, Hkv, H // Hkv, D)
-        logits = (qg @ self.k[:, :, :n].transpose(-1, -2)) * scale  # [B, Hkv, G, n]
+        keys = self.k_shadow[:, :, :base].to(kd) if self.k_shadow is not None else self.k[:, :, :base]
+        q_base = qg @ self.M.transpose(-1, -2) if r else qg  # rows q_τᵀ = (M q)ᵀ
+        logits = q_base @ keys.transpose(-1, -2)  # [B, Hkv, G, base]
+        if r:
+            logits = torch.cat([logits, qg @ self.rk[:, :, :r].transpose(-1, -2)], -1)  # [B, Hkv, G, n]
+        logits = logits * scale
         if gated:
             G = self.G[:, :, :n]
             gate = (G[:, :, -1:] - G).to(kd).reshape(B, Hkv, H // Hkv, n)
             logits = logits + gate
-        probs = torch.softmax(logits.float(), dim=-1)
-        o = probs.to(self.v.dtype) @ self.v[:, :, :n]  # [B, Hkv, G, Dv]
+        probs = torch.softmax(logits, dim=-1)
+        o = probs @ self.v[:, :, :n].to(kd)  # [B, Hkv, G, Dv]
         return o.reshape(B, 1, H, self.value_dim).to(q.dtype)
