@@ -193,55 +193,129 @@ def _closure_tensors(fn):
     return out
 
 
-def bench_decode(lengths, H, D, device, steps=64):
-    """One decode step (B=1) at each cache length: PathDecodeCache.step against plain attention decoding."""
-    from triton.testing import do_bench
+def _now(device):
+    if device.type == "cuda":
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
 
+
+def _elapsed_ms(t0, t1, device):
+    if device.type == "cuda":
+        t1.synchronize()
+        return t0.elapsed_time(t1)
+    return (t1 - t0) * 1e3
+
+
+def _time_runs(run, reset, runs, device):
+    """Median and min of ``run()`` in ms over ``runs`` repetitions (one untimed first), ``reset()`` before each."""
+    times = []
+    for i in range(runs + 1):
+        reset()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = _now(device)
+        run()
+        t1 = _now(device)
+        if i:
+            times.append(_elapsed_ms(t0, t1, device))
+    times.sort()
+    return times[len(times) // 2], times[0]
+
+
+SHADOWS = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
+
+
+def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use_triton=None):
+    """Decode steps (B=1, bf16 values, no gate) at each cache length: PathDecodeCache.step against plain decoding.
+
+    Each timed run is 2·R consecutive real steps (``defer`` = R, so every run holds two folds) from the prefilled
+    cache of ``L`` tokens; the cache state is restored between runs (outside the timing), so every run covers
+    lengths L … L + 2R. Time per step = median run time / 2R (CUDA events; wall clock on a CPU). Timed the same
+    way: the immediate step (``defer=0``, fp32 keys rewritten every step) and plain decoding (SDPA over a bf16
+    key/value cache that grows by one per step). Before timing, the deferred step is checked against the
+    immediate fp32 step on the same inputs (fp32 queries) over 2R + 1 steps: relative RMS and max error of o. Runs on a CPU
+    too (PyTorch step unless ``use_triton``; for a smoke check with a tiny length).
+    """
     from pathlab.decoding import PathDecodeCache
 
+    device = torch.device(device)
+    if shadow not in SHADOWS:
+        raise ValueError(f"shadow must be one of {sorted(SHADOWS)}, got {shadow!r}")
+    if not isinstance(defer, int) or defer < 1:
+        raise ValueError(f"defer must be an int ≥ 1 (the deferred step is what is benchmarked), got {defer!r}")
+    R, steps = defer, 2 * defer
     rows = []
     for L in lengths:
         gen = torch.Generator(device=device).manual_seed(0)
         r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
-        cache = PathDecodeCache(1, H, L + steps + 8, D, D, device=device, value_dtype=torch.bfloat16)
-        cache_torch = PathDecodeCache(1, H, L + steps + 8, D, D, device=device, value_dtype=torch.bfloat16,
-                                      use_triton=False)
+        room = L + steps + 1
+        opts = dict(device=device, value_dtype=torch.bfloat16, use_triton=use_triton)
+        cache = PathDecodeCache(1, H, room, D, D, defer=R, shadow_dtype=SHADOWS[shadow], **opts)
+        immediate = PathDecodeCache(1, H, room, D, D, defer=0, **opts)
         q, k, v = (r(1, L, H, D).to(torch.bfloat16) for _ in range(3))
-        w, beta = r(1, L, H, D), torch.rand(1, L, H, device=device) * 2
+        w, beta = r(1, L, H, D), torch.rand(1, L, H, device=device, generator=gen) * 2
+        sq, sk, sv = (r(1, steps + 1, H, D).to(torch.bfloat16) for _ in range(3))
+        sw, sb = r(1, steps + 1, H, D), torch.rand(1, steps + 1, H, device=device, generator=gen) * 2
+        one = lambda x, t: x[:, t:t + 1]  # noqa: E731
         with torch.no_grad():
             cache.prefill(q, k, v, w, beta)
-            cache_torch.prefill(q, k, v, w, beta)
-            q1, k1, v1 = (r(1, 1, H, D).to(torch.bfloat16) for _ in range(3))
-            w1, b1 = r(1, 1, H, D), torch.rand(1, 1, H, device=device) * 2
-            n0 = len(cache)
+            immediate.prefill(q, k, v, w, beta)
+            saved = {c: _snapshot(c) for c in (cache, immediate)}
+            o_def, o_imm = [], []
+            for t in range(steps + 1):  # the check (fp32 queries, so o comes out in fp32): two folds and a step
+                x = (one(sq, t).float(), one(sk, t), one(sv, t), one(sw, t), one(sb, t))
+                o_def.append(cache.step(*x))
+                o_imm.append(immediate.step(*x))
+            o_def, o_imm = torch.cat(o_def, 1), torch.cat(o_imm, 1)
+            check = dict(check_rel_rms=rel_rms(o_def, o_imm),
+                         check_max_rel=float((o_def - o_imm).abs().max() / o_imm.abs().max()))
 
-            def path_step():
-                cache.length = n0  # time the same step repeatedly at a fixed cache length
-                cache.step(q1, k1, v1, w1, b1)
+            def stepper(c):
+                def run():
+                    for t in range(steps):
+                        c.step(one(sq, t), one(sk, t), one(sv, t), one(sw, t), one(sb, t))
+                return run
 
-            t_path = do_bench(path_step, warmup=10, rep=50)
+            t_def = _time_runs(stepper(cache), lambda: _restore(cache, saved[cache]), runs, device)
+            t_imm = _time_runs(stepper(immediate), lambda: _restore(immediate, saved[immediate]), runs, device)
+            kc = r(1, H, room, D).to(torch.bfloat16)
+            vc = r(1, H, room, D).to(torch.bfloat16)
 
-            def torch_step():
-                cache_torch.length = n0
-                cache_torch.step(q1, k1, v1, w1, b1)
+            def plain_run():
+                for t in range(steps):
+                    n = L + t
+                    kc[:, :, n] = sk[:, t]
+                    vc[:, :, n] = sv[:, t]
+                    F.scaled_dot_product_attention(sq[:, t:t + 1].transpose(1, 2), kc[:, :, :n + 1], vc[:, :, :n + 1])
 
-            t_torch = do_bench(torch_step, warmup=10, rep=50)
-            kc = r(1, H, L + 1, D).to(torch.bfloat16)
-            vc = r(1, H, L + 1, D).to(torch.bfloat16)
-            qd = q1.transpose(1, 2)
-
-            def plain_step():
-                kc[:, :, L:L + 1] = k1.transpose(1, 2)
-                vc[:, :, L:L + 1] = v1.transpose(1, 2)
-                F.scaled_dot_product_attention(qd, kc, vc)
-
-            t_plain = do_bench(plain_step, warmup=10, rep=50)
-        row = dict(method="decode", cache_len=L, H=H, D=D, path_step_ms=t_path, path_step_torch_ops_ms=t_torch,
-                   plain_step_ms=t_plain, fused=cache.use_triton,
-                   ratio=t_path / t_plain)
+            t_plain = _time_runs(plain_run, lambda: None, runs, device)
+        row = dict(method="decode", cache_len=L, H=H, D=D, defer=R, shadow=shadow, fused=cache.use_triton,
+                   steps_per_run=steps, runs=runs,
+                   path_step_ms=t_def[0] / steps, path_step_min_ms=t_def[1] / steps,
+                   path_step_immediate_ms=t_imm[0] / steps, plain_step_ms=t_plain[0] / steps,
+                   plain_step_min_ms=t_plain[1] / steps,
+                   ratio=t_def[0] / t_plain[0], ratio_immediate=t_imm[0] / t_plain[0], **check)
         print(json.dumps(row), flush=True)
         rows.append(row)
+        cache = immediate = saved = None  # free the caches before the next length
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
+
+
+def _snapshot(cache):
+    """What a run of steps changes in a PathDecodeCache (the values and gates past the prompt are rewritten)."""
+    tensors = {name: getattr(cache, name).clone() for name in ("k", "k_shadow", "M", "rk")
+               if getattr(cache, name) is not None}
+    return tensors, cache.length, cache.base
+
+
+def _restore(cache, snap):
+    tensors, cache.length, cache.base = snap
+    for name, t in tensors.items():
+        getattr(cache, name).copy_(t)
 
 
 TUNE_FWD = ["4,3", "8,2", "4,2"]
@@ -309,6 +383,10 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=32768, help="B·T per case")
     ap.add_argument("--decode", default="4096,16384,65536", help="cache lengths for the decode step ('' = none)")
     ap.add_argument("--decode-shape", default="12x64", help="HxD of the decode benchmark")
+    ap.add_argument("--decode-defer", type=int, default=32, help="R of the deferred decode step (fold every R)")
+    ap.add_argument("--decode-shadow", default="fp16", choices=sorted(SHADOWS),
+                    help="precision of the key copy the deferred step attends over")
+    ap.add_argument("--decode-runs", type=int, default=10, help="timed runs of 2·R decode steps per length")
     ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
@@ -357,7 +435,9 @@ def main(argv=None):
     if args.decode:  # cheap: before the long cases, so a time limit never loses it
         H, D = (int(x) for x in args.decode_shape.split("x"))
         try:
-            result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device)
+            result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device,
+                                            defer=args.decode_defer, shadow=args.decode_shadow,
+                                            runs=args.decode_runs)
         except Exception as err:  # noqa: BLE001
             result["decode"] = [{"error": f"{type(err).__name__}: {err}"}]
             print(result["decode"], flush=True)
