@@ -319,7 +319,8 @@ def _restore(cache, snap):
 
 
 TUNE_FWD = ["4,3", "8,2", "4,2"]
-TUNE_BWD = ["4,1,2", "8,1,2", "8,1,4", "4,1,4", "no_atomics"]
+TUNE_BWD = ["4,1,2", "8,1,2", "8,1,4", "4,1,4", "no_atomics", "acq_rel_atomics"]
+PROFILE_BWD = ("no_atomics", "acq_rel_atomics")  # PATHLAB_PATH_BWD_PROFILE values: measurements, not configs
 
 
 def tune(cases, device, tokens):
@@ -348,7 +349,7 @@ def tune(cases, device, tokens):
         o = fn()
         do = torch.randn_like(o)
         for cfg in TUNE_BWD:
-            if cfg == "no_atomics":  # profiling: the key-side atomics replaced by stores (wrong gradients)
+            if cfg in PROFILE_BWD:  # stores instead of atomics (wrong gradients), or the default acq_rel atomics
                 os.environ["PATHLAB_PATH_BWD_PROFILE"] = cfg
             else:
                 os.environ["PATHLAB_PATH_BWD"] = cfg
@@ -368,7 +369,7 @@ def best_configs(rows):
     """{(kind, D): config} with the lowest time among the tuned launch configs."""
     best = {}
     for r in rows:
-        if "ms" not in r or r["config"] == "no_atomics":
+        if "ms" not in r or r["config"] in PROFILE_BWD:
             continue
         key = (r["tune"], r["D"])
         if key not in best or r["ms"] < best[key][1]:

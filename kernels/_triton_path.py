@@ -92,11 +92,16 @@ def _path_fwd_kernel(
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ptr, val):
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
+    """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
+    no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
+    (``ACQ_REL`` keeps the default, for the side-by-side measurement)."""
     if NO_ATOMICS:
         tl.store(ptr, val)
-    else:
+    elif ACQ_REL:
         tl.atomic_add(ptr, val)
+    else:
+        tl.atomic_add(ptr, val, sem="relaxed")
 
 
 @triton.jit
@@ -106,9 +111,10 @@ def _path_bwd_kernel(
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, NO_ATOMICS: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
 ):
-    # NO_ATOMICS (profiling only, wrong gradients): plain stores instead of the key-side atomics
+    # NO_ATOMICS (profiling only, wrong gradients): plain stores instead of the key-side atomics; ACQ_REL
+    # (measurement only): Triton's default acq_rel atomics instead of relaxed ones
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -164,23 +170,23 @@ def _path_bwd_kernel(
             vm = tl.load(V + (hk * NC + kn) * BT * DV + tile_v)
             dp = tl.dot(do, tl.trans(vm), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, DVV + (hk * NC + kn) * BT * DV + tile_v,
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + (hk * NC + kn) * BT * DV + tile_v,
                           tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
-            _accumulate(NO_ATOMICS, DKS + (hk * NC + kn) * BT * D + tile_d,
+            _accumulate(NO_ATOMICS, ACQ_REL, DKS + (hk * NC + kn) * BT * D + tile_d,
                           tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
             if HAS_GATE:
                 dg_row += tl.sum(ds, 1)
-                _accumulate(NO_ATOMICS, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
+                _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
             if m > 0:  # transition P_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
                 wm = tl.load(W + (hk * NC + kn) * BT * D + tile_d)
                 um = tl.load(U + (hk * NC + kn) * BT * D + tile_d)
                 wf = wm.to(tl.float32)
                 y = tl.dot(lam, tl.trans(um.to(tl.float32)), input_precision=PREC32)  # λ Uᵀ   [BT, BT]
                 z = tl.dot(ql, tl.trans(wm), input_precision=PREC)  # q Wᵀ               [BT, BT]
-                _accumulate(NO_ATOMICS, DW + (hk * NC + kn) * BT * D + tile_d,
+                _accumulate(NO_ATOMICS, ACQ_REL, DW + (hk * NC + kn) * BT * D + tile_d,
                               -tl.dot(tl.trans(y), ql.to(tl.float32), input_precision=PREC32))
-                _accumulate(NO_ATOMICS, DU + (hk * NC + kn) * BT * D + tile_d,
+                _accumulate(NO_ATOMICS, ACQ_REL, DU + (hk * NC + kn) * BT * D + tile_d,
                               -tl.dot(tl.trans(z), lam, input_precision=PREC32))
                 lam = lam - tl.dot(y, wf, input_precision=PREC32)
             lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
@@ -195,10 +201,10 @@ def _path_bwd_kernel(
         dp = tl.dot(do, tl.trans(vc), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         tl.store(DSD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :], ds * scale)
-        _accumulate(NO_ATOMICS, DVV + (hk * NC + n) * BT * DV + tile_v,
+        _accumulate(NO_ATOMICS, ACQ_REL, DVV + (hk * NC + n) * BT * DV + tile_v,
                       tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
         tl.store(DQS + (h * NC + n) * BT * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)
-            _accumulate(NO_ATOMICS, DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
+            _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

@@ -152,6 +152,7 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
+        ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
     return dqs, dks, dv.to(v.dtype), dw, du, dsd, dg
 
