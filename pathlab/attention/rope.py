@@ -6,12 +6,16 @@ from __future__ import annotations
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
 from pathlab.attention.base import PositionalAttention
-from pathlab.ops.positions import rope_phases, rotate
+from pathlab.ops.positions import rope_cos_sin, rotate_cos_sin, rotation_dtype
 from pathlab.ops.softmax import rope_attention
 
 
 class RoPE(PositionalAttention):
-    """Rotary position embedding with ω_b = base^(−2b/D) (``base`` configurable)."""
+    """Rotary position embedding with ω_b = base^(−2b/D) (``base`` configurable).
+
+    cos/sin of the phases come from one table per (head dim, base, device, dtype), shared by every layer and
+    call (:func:`~pathlab.ops.positions.rope_cos_sin`).
+    """
 
     def __init__(self, *, base: float = 10000.0, **common):
         super().__init__(**common)
@@ -28,15 +32,21 @@ class RoPE(PositionalAttention):
     def reference(self, q, k, v, *, x, idx=None):
         return reference.rope_attention(q, k, v, base=self.base, return_attention=True)
 
-    def _phases(self, start: int, length: int, device):
-        return rope_phases(start + length, self.head_dim, self.base, device=device)[start:][None, :, None, :]
+    def _cos_sin(self, start: int, length: int, like):
+        """cos/sin of positions start … start + length − 1, ``[1, length, 1, D/2]``, for tensors like ``like``."""
+        cos, sin = rope_cos_sin(length, self.head_dim, self.base, start=start, device=like.device,
+                                dtype=rotation_dtype(like.dtype))
+        return cos[None, :, None, :], sin[None, :, None, :]
+
+    def _append(self, cache, k, v, cos, sin):
+        k = rotate_cos_sin(expand_kv_heads(k, self.n_head), cos, sin, inverse=True)
+        cache.append(k, expand_kv_heads(v, self.n_head))
 
     def prefill(self, cache, q, k, v, *, x, idx=None):
-        phase = self._phases(0, k.shape[1], k.device)
-        cache.append(rotate(expand_kv_heads(k, self.n_head), -phase), expand_kv_heads(v, self.n_head))
+        self._append(cache, k, v, *self._cos_sin(0, k.shape[1], k))
         return self.attend(q, k, v, x=x)
 
     def step(self, cache, q, k, v, *, x, idx=None):
-        phase = self._phases(len(cache), 1, k.device)
-        cache.append(rotate(expand_kv_heads(k, self.n_head), -phase), expand_kv_heads(v, self.n_head))
-        return cache.attend(rotate(q, -phase), self.head_dim ** -0.5).to(q.dtype)
+        cos, sin = self._cos_sin(len(cache), 1, k)
+        self._append(cache, k, v, cos, sin)
+        return cache.attend(rotate_cos_sin(q, cos, sin, inverse=True), self.head_dim ** -0.5).to(q.dtype)

@@ -2,23 +2,34 @@
 
 Rotations act on the pairs (x[..., b], x[..., b + D/2]), b = 0 … D/2 − 1 (the "half split"), with
 R(φ) = [[cos φ, −sin φ], [sin φ, cos φ]].
+
+Phases are formed in fp64 and reduced mod 2π; their cos/sin are taken once and the rotation itself
+(:func:`rotate_cos_sin`) is only x₁ cos − x₂ sin, x₁ sin + x₂ cos. RoPE's cos/sin depend on the position alone:
+:func:`rope_cos_sin` keeps them in a table per (head dim, base, device, dtype), computed once and reused by every
+layer and call, and under ``torch.compile`` the table enters the graph as a constant input (nothing of it is
+recomputed per element of q and k).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
 TWO_PI = 2.0 * math.pi
 
 
-def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
-    """ω_b = base^(−2b/D), b = 0 … D/2 − 1, in fp64: ``[D/2]``."""
+def _check_rotary(head_dim: int, base: float) -> None:
     if head_dim % 2 != 0 or head_dim <= 0:
         raise ValueError(f"rotations need an even head dim, got {head_dim}")
     if not base > 1:
         raise ValueError(f"rope base must be > 1, got {base!r}")
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
+    """ω_b = base^(−2b/D), b = 0 … D/2 − 1, in fp64: ``[D/2]``."""
+    _check_rotary(head_dim, base)
     b = torch.arange(head_dim // 2, dtype=torch.float64, device=device)
     return base ** (-2.0 * b / head_dim)
 
@@ -51,13 +62,85 @@ def rope_phases(length: int, head_dim: int, base: float = 10000.0, device=None) 
     return torch.remainder(t[:, None] * rope_frequencies(head_dim, base, device=device)[None, :], TWO_PI)
 
 
+def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision rotations work in: fp64 for fp64 inputs, fp32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def cos_sin(phase: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos φ and sin φ of an already-reduced phase, taken in ``dtype`` (what :func:`rotate` does per call)."""
+    phase = phase.to(dtype)
+    return torch.cos(phase), torch.sin(phase)
+
+
+def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                   inverse: bool = False) -> torch.Tensor:
+    """Apply R(φ_b) (R(−φ_b) with ``inverse``) to each pair (x_b, x_{b+D/2}) given cos φ and sin φ:
+    ``x [..., D]``, ``cos``/``sin`` broadcastable to ``[..., D/2]``. The arithmetic runs in cos's dtype; the result
+    has x's dtype."""
+    work = cos.dtype
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].to(work), x[..., half:].to(work)
+    if inverse:
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
 def rotate(x: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
     """Apply R(φ_b) to each pair (x_b, x_{b+D/2}). ``x [..., D]``, ``phase`` broadcastable to ``[..., D/2]``.
 
     cos/sin are taken in fp32 (fp64 for fp64 inputs) of the already-reduced phase, then cast to x's dtype.
+    To rotate several tensors by one phase, take :func:`cos_sin` once and use :func:`rotate_cos_sin`.
     """
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    cos, sin = torch.cos(phase.to(work)), torch.sin(phase.to(work))
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].to(work), x[..., half:].to(work)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+    return rotate_cos_sin(x, *cos_sin(phase, rotation_dtype(x.dtype)))
+
+
+# ----------------------------------------------------------------------------- RoPE's cos/sin table
+
+ROPE_TABLE_ROWS = 1024  # tables grow in whole multiples of this many positions
+_rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+# Under torch.compile the two functions below run while the graph is traced (their results are constants of the
+# graph): the table enters the compiled graph as an input, never as arithmetic inlined into the rotation kernels.
+
+
+@torch.compiler.assume_constant_result
+def _rope_table_rows(head_dim: int, base: tuple[int, int], device: torch.device, dtype: torch.dtype) -> int:
+    """How many positions the cached table for this key holds now (0 if none)."""
+    table = _rope_tables.get((head_dim, base, device, dtype))
+    return 0 if table is None else table[0].shape[0]
+
+
+@torch.compiler.assume_constant_result
+def _rope_table(head_dim: int, base: tuple[int, int], rows: int, device: torch.device, dtype: torch.dtype):
+    """The cached (cos, sin) table for this key, ``[≥ rows, D/2]`` each; built or rebuilt longer when it holds
+    fewer than ``rows`` positions. ``base`` is the exact ratio of integers (``float.as_integer_ratio``). A row's
+    values do not depend on the table's length."""
+    key = (head_dim, base, device, dtype)
+    table = _rope_tables.get(key)
+    if table is None or table[0].shape[0] < rows:
+        with torch.inference_mode(False):  # a table first built under inference mode must still serve training
+            phase = rope_phases(rows, head_dim, base[0] / base[1], device=device)  # fp64, reduced mod 2π
+            table = _rope_tables[key] = (torch.cos(phase).to(dtype), torch.sin(phase).to(dtype))
+    return table
+
+
+def rope_cos_sin(length: int, head_dim: int, base: float = 10000.0, *, start: int = 0, device=None,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos Φ_t and sin Φ_t (Φ_t = t·ω mod 2π, from fp64 phases) for t = start … start + length − 1:
+    ``[length, D/2]`` each, in ``dtype`` (fp32, or fp64 for fp64 models).
+
+    Served from a table cached per (head dim, base, device, dtype) that grows in steps of ``ROPE_TABLE_ROWS``
+    positions; the returned tensors are views of it and must not be modified. With dynamic shapes under
+    ``torch.compile`` a symbolic length within the table slices it; only a length past its end is specialised.
+    """
+    _check_rotary(head_dim, base)
+    # constants even where torch.compile made them symbolic (dynamic=True): they key the table
+    head_dim, base = operator.index(head_dim), float(base).as_integer_ratio()
+    device = torch.device("cpu") if device is None else torch.device(device)
+    stop = start + length
+    rows = _rope_table_rows(head_dim, base, device, dtype)
+    if stop > rows:
+        rows = -(-operator.index(stop) // ROPE_TABLE_ROWS) * ROPE_TABLE_ROWS  # a symbolic stop is specialised
+    cos, sin = _rope_table(head_dim, base, rows, device, dtype)
+    return cos[start:stop], sin[start:stop]

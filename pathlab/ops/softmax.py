@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from pathlab._checks import check_float_tensor, check_qkv, check_same_device, check_scale, expand_kv_heads
-from pathlab.ops.positions import accumulate_phases, alibi_slopes, rope_phases, rotate
+from pathlab.ops.positions import (accumulate_phases, alibi_slopes, cos_sin, rope_cos_sin, rotate_cos_sin,
+                                   rotation_dtype)
 
 CPU_QUERY_CHUNK = 1024
 FLEX_BLOCK = 128  # FlexAttention's default tile
@@ -57,11 +58,31 @@ def nope_attention(q, k, v, *, scale=None):
     return _sdpa(q, k, v, check_scale(scale, q.shape[-1]))
 
 
-def rope_attention(q, k, v, *, base: float = 10000.0, scale=None):
-    """RoPE: s_ij = scale · q_iᵀ R^{i−j} k_j, ω_b = base^(−2b/D)."""
+def rope_attention(q, k, v, *, base: float = 10000.0, scale=None, table=None):
+    """RoPE: s_ij = scale · q_iᵀ R^{i−j} k_j, ω_b = base^(−2b/D).
+
+    cos/sin of the phases come from :func:`~pathlab.ops.positions.rope_cos_sin`'s cached table, or from ``table``:
+    a pair ``(cos, sin)`` of ``[≥T, D/2]`` tensors for positions 0, 1, … (fp32; fp64 for fp64 inputs).
+    """
     _, T, _, _, D, _ = check_qkv(q, k, v)
-    phase = rope_phases(T, D, base, device=q.device)[None, :, None, :]  # [1, T, 1, D/2]
-    return _sdpa(rotate(q, -phase), rotate(k, -phase), v, check_scale(scale, D))
+    scale = check_scale(scale, D)
+    if table is None:
+        cos, sin = rope_cos_sin(T, D, base, device=q.device, dtype=rotation_dtype(q.dtype))
+    else:
+        cos, sin = _check_rope_table(table, T, D, q)
+    cos, sin = cos[None, :T, None, :], sin[None, :T, None, :]  # [1, T, 1, D/2]
+    return _sdpa(rotate_cos_sin(q, cos, sin, inverse=True), rotate_cos_sin(k, cos, sin, inverse=True), v, scale)
+
+
+def _check_rope_table(table, T: int, D: int, q):
+    if not isinstance(table, (tuple, list)) or len(table) != 2:
+        raise ValueError(f"table must be a pair (cos, sin) of [T, D/2] tensors, got {type(table).__name__}")
+    for name, t in zip(("cos", "sin"), table):
+        check_float_tensor(f"table {name}", t, 2)
+        if t.shape[0] < T or t.shape[1] != D // 2:
+            raise ValueError(f"table {name} must have shape [>= {T}, {D // 2}], got {tuple(t.shape)}")
+        check_same_device(q, **{f"table {name}": t})
+    return table
 
 
 def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=None):
@@ -80,11 +101,13 @@ def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=Non
     check_same_device(q, theta=theta)
     scale = check_scale(scale, D)
     phase = accumulate_phases(theta, dim=1)  # [B, T, H, D/2] fp64
-    qr, kr = rotate(q, -phase), rotate(expand_kv_heads(k, H), -phase)
+    cos, sin = cos_sin(phase, rotation_dtype(q.dtype))  # taken once, shared by every rotation below
+    qr = rotate_cos_sin(q, cos, sin, inverse=True)
+    kr = rotate_cos_sin(expand_kv_heads(k, H), cos, sin, inverse=True)
     if not rotate_values:
         return _sdpa(qr, kr, v, scale)
-    o = _sdpa(qr, kr, rotate(expand_kv_heads(v, H), -phase), scale)
-    return rotate(o, phase)
+    o = _sdpa(qr, kr, rotate_cos_sin(expand_kv_heads(v, H), cos, sin, inverse=True), scale)
+    return rotate_cos_sin(o, cos, sin)
 
 
 # ----------------------------------------------------------------------------- additive-bias variants
