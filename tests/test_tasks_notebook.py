@@ -43,6 +43,10 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
     assert "| RoPE | 2 | — |" in digest and "| PaTH | 100.0% | 90.0% | 80.0% |" in digest
     assert "`a5_path_needs_no_more_layers_than_rope`: held" in digest
 
+    partial = _suite(tmp_path, {"path": (0.0, 0.0, 0.0)}, {"path": {2: 0.5}},
+                     {"path": {3: 1, 4: 2}, "rope": {4: None}})  # RoPE not run at k = 3
+    assert "| RoPE | n/a | — |" in report.summary_markdown(partial)
+
     bad = _suite(tmp_path, {"path": (0.002, 0.01, 0.0), "rope": (0.07, 0.015, 0.0)},
                  {"path": {2: 0.5, 3: 0.8}, "rope": {2: 0.6, 3: 0.3}, "fox": {2: 0.1, 3: 0.1}},
                  {"path": {4: 3, 8: None}, "rope": {4: 2, 8: None}})

@@ -274,11 +274,12 @@ def summary_markdown(folder: str | Path) -> str:
     if "a5_min_layers" in data:
         lengths = sorted({k for t in data["a5_min_layers"].values() for k in t})
         parts += ["**A5: minimum layers with sequence accuracy > 90%** (— = none of "
-                  f"{data.get('a5_layers_tried')})", "",
+                  f"{data.get('a5_layers_tried')}; n/a = not run)", "",
                   "| model | " + " | ".join(f"k={k}" for k in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for att, t in data["a5_min_layers"].items():
-            parts.append(f"| {_label(att)} | " + " | ".join(str(t.get(k) or "—") for k in lengths) + " |")
+            parts.append(f"| {_label(att)} | " + " | ".join(
+                "n/a" if k not in t else str(t[k] or "—") for k in lengths) + " |")
         parts.append("")
     if "mqrar_accuracy" in data:
         ns = sorted({n for t in data["mqrar_accuracy"].values() for n in t})
