@@ -3,8 +3,10 @@
     python3 benchmarks/bench_throughput.py --out benchmarks/results/throughput-h200.json
 
 Throughput: the paper model (16 layers, width 768, 12 heads, context 512, GPT-2 vocabulary 50304), batch 64 x 512,
-bf16 autocast, fused AdamW, ``torch.compile`` of each block (regional compilation: the 16 identical blocks share
-one compiled graph, so compiling takes seconds instead of minutes), random tokens. Each variant runs ``--warmup``
+bf16 autocast, fused AdamW, ``torch.compile`` of the whole model as ``pathlab train`` does (``--compile model``,
+the default: the loss and output layer are fused too; 30-60 s of compiling, so give ``--variant-timeout-s`` room)
+or of each block (``--compile blocks``: the 16 identical blocks share one compiled graph, seconds to compile),
+random tokens. Each variant runs ``--warmup``
 untimed iterations (compilation, autotuning) and ``--steps`` timed ones between CUDA synchronisations:
 
     tokens/s = steps x 64 x 512 / elapsed.
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--block", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--compile", choices=["none", "blocks", "model"], default="blocks")
+    p.add_argument("--compile", choices=["none", "blocks", "model"], default="model")
     p.add_argument("--budget-s", type=float, default=400.0,
                    help="start no new throughput measurement after this many seconds")
     p.add_argument("--eval-budget-s", type=float, default=120.0,
