@@ -19,6 +19,19 @@ import triton.language as tl
 
 
 @triton.jit
+def _softmax_block(s, vb, m_i, l_i, acc):
+    """One block of an online softmax: scores ``s [GROUP, BLOCK]`` (base 2, −inf where masked) and values
+    ``vb [BLOCK, DV]`` update the running max ``m_i``, sum ``l_i`` and ``acc = Σ p v``; returns the three."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb.to(tl.float32)[None, :, :], 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_step_kernel(
     K, V, G, Q, WN, BETA, GT, M_OUT, L_OUT, ACC_OUT,
     n, max_len, scale_log2, n_split, per_split,
@@ -52,14 +65,8 @@ def _decode_step_kernel(
             gj = tl.load(G + (bh * GROUP + grow[:, None]) * max_len + j[None, :], mask=valid[None, :], other=0.0)
             s += ((gt[:, None] - gj) * 1.4426950408889634).to(tl.float32)
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         vb = tl.load(V + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb.to(tl.float32)[None, :, :], 1)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_block(s, vb, m_i, l_i, acc)
     out = (bh * n_split + split) * GROUP + grow
     tl.store(M_OUT + out, m_i)
     tl.store(L_OUT + out, l_i)
@@ -213,14 +220,8 @@ def _deferred_attend_kernel(
             g_j = tl.load(GC + head[:, None] * max_len + j[None, :], mask=valid[None, :], other=0.0)
             s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb.to(tl.float32)[None, :, :], 1)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_block(s, vb, m_i, l_i, acc)
     slot = (bh * n_slots + 1 + split) * GROUP + grow
     tl.store(MP + slot, m_i)
     tl.store(LP + slot, l_i)
