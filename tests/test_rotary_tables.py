@@ -258,3 +258,19 @@ def test_whole_model_compile_equals_eager():
         torch._dynamo.reset()
         got = torch.compile(model, backend="aot_eager", fullgraph=True)(idx, idx)[1].item()
         assert math.isclose(got, want, rel_tol=1e-6)
+
+
+def test_importing_pathlab_leaves_triton_unimported():
+    """triton reads TRITON_INTERPRET when first imported: `import pathlab` must not import it (nor torch._dynamo,
+    which imports it), or setting the variable afterwards would no longer put the kernels in interpreter mode."""
+    import subprocess
+    import sys
+
+    code = "import sys, pathlab; print('triton' in sys.modules, 'torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_constant_marker_is_the_one_dynamo_reads():
+    marked = torch._dynamo.assume_constant_result(lambda: 0)
+    assert positions._constant_under_compile(lambda: 0).__dict__ == marked.__dict__ == {"_dynamo_marked_constant": True}

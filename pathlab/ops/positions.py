@@ -104,14 +104,22 @@ _rope_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 # graph): the table enters the compiled graph as an input, never as arithmetic inlined into the rotation kernels.
 
 
-@torch.compiler.assume_constant_result
+def _constant_under_compile(fn):
+    """``torch.compiler.assume_constant_result`` without its import of ``torch._dynamo`` (and with it of triton)
+    at ``import pathlab``: triton reads ``TRITON_INTERPRET`` when it is first imported, so importing it here would
+    fix the kernels' interpreter mode before a user or a test could set it. Dynamo reads this marker."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_under_compile
 def _rope_table_rows(head_dim: int, base: tuple[int, int], device: torch.device, dtype: torch.dtype) -> int:
     """How many positions the cached table for this key holds now (0 if none)."""
     table = _rope_tables.get((head_dim, base, device, dtype))
     return 0 if table is None else table[0].shape[0]
 
 
-@torch.compiler.assume_constant_result
+@_constant_under_compile
 def _rope_table(head_dim: int, base: tuple[int, int], rows: int, device: torch.device, dtype: torch.dtype):
     """The cached (cos, sin) table for this key, ``[≥ rows, D/2]`` each; built or rebuilt longer when it holds
     fewer than ``rows`` positions. ``base`` is the exact ratio of integers (``float.as_integer_ratio``). A row's
