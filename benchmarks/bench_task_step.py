@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from pathlab.results import atomic_write_text, library_versions
-from pathlab.tasks.runner import _optimizer, build_task_model, compile_for_training, resolve_device, train_step
+from pathlab.tasks.runner import build_task_model, compile_for_training, resolve_device, task_optimizer, train_step
 from pathlab.tasks.settings import parse_overrides, resolve_settings
 from pathlab.tasks.specs import get_task
 
@@ -51,7 +51,7 @@ def time_steps(case: str, attention: str, precision: str, compile_mode: str, ste
         torch.set_float32_matmul_precision("highest")
     model = build_task_model(task, attention, s).to(device)
     model.train()
-    opt = _optimizer(model, s)
+    opt = task_optimizer(model, s)
     step_model = compile_for_training(model, compile_mode)
     xb, yb = (t.to(device) for t in get_task(task).train_batch(s, 0))
     t0 = time.perf_counter()
@@ -64,7 +64,7 @@ def time_steps(case: str, attention: str, precision: str, compile_mode: str, ste
         loss = train_step(step_model, model, opt, xb, yb, s, device)
     _sync(device)
     ms = 1000 * (time.perf_counter() - t0) / steps
-    value = float(loss)
+    value = loss.item()
     return {"case": case, "task": task, "attention": attention, "precision": precision, "compile": compile_mode,
             "ms_per_step": ms, "warmup_s": warm_s, "loss": value, "loss_finite": math.isfinite(value),
             "batch_size": s["batch_size"], "seq_len": xb.shape[1], "n_layer": s["n_layer"], "n_embd": s["n_embd"]}

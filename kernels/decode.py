@@ -19,6 +19,13 @@ import triton.language as tl
 
 
 @triton.jit
+def _softmax_start(GROUP: tl.constexpr, DV: tl.constexpr):
+    """The empty online softmax of ``GROUP`` query rows: running max −inf, sum 0, ``Σ p v`` 0."""
+    return (tl.full([GROUP], float("-inf"), tl.float32), tl.zeros([GROUP], tl.float32),
+            tl.zeros([GROUP, DV], tl.float32))
+
+
+@triton.jit
 def _softmax_block(s, vb, m_i, l_i, acc):
     """One block of an online softmax: scores ``s [GROUP, BLOCK]`` (base 2, −inf where masked) and values
     ``vb [BLOCK, DV]`` update the running max ``m_i``, sum ``l_i`` and ``acc = Σ p v``; returns the three."""
@@ -47,9 +54,7 @@ def _decode_step_kernel(
     q = tl.load(Q + (bh * GROUP + grow[:, None]) * D + dcol[None, :]).to(tl.float32)  # [GROUP, D]
     if HAS_GATE:
         gt = tl.load(GT + bh * GROUP + grow)  # fp64 G_t per query head
-    m_i = tl.full([GROUP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP], tl.float32)
-    acc = tl.zeros([GROUP, DV], tl.float32)
+    m_i, l_i, acc = _softmax_start(GROUP, DV)
     start = split * per_split
     for off in range(start, start + per_split, BLOCK):
         j = off + tl.arange(0, BLOCK)
@@ -207,9 +212,7 @@ def _deferred_attend_kernel(
     qt = tl.load(QT + head[:, None] * D + dcol[None, :])  # [GROUP, D] fp32, q_τ · scale · log2(e)
     if HAS_GATE:
         g_t = tl.load(GC + head * max_len + n)  # fp64 G_n per query head
-    m_i = tl.full([GROUP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP], tl.float32)
-    acc = tl.zeros([GROUP, DV], tl.float32)
+    m_i, l_i, acc = _softmax_start(GROUP, DV)
     start = split * per_split
     for off in range(start, start + per_split, BLOCK):
         j = off + tl.arange(0, BLOCK)
@@ -236,9 +239,7 @@ def _deferred_merge_kernel(
     bh = tl.program_id(0).to(tl.int64)
     grow = tl.arange(0, GROUP)
     vcol = tl.arange(0, DV)
-    m_i = tl.full([GROUP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP], tl.float32)
-    acc = tl.zeros([GROUP, DV], tl.float32)
+    m_i, l_i, acc = _softmax_start(GROUP, DV)
     for s0 in range(0, n_used, SC):  # slot 0 (the recent part, with the token itself) is always finite
         s = s0 + tl.arange(0, SC)
         used = s < n_used

@@ -46,7 +46,8 @@ def build_task_model(task_name: str, attention: str, s: Mapping[str, Any]):
     return build_model(cfg)
 
 
-def _optimizer(model, s):
+def task_optimizer(model, s):
+    """AdamW with weight decay on the matrices only (betas and decay from the settings)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": s["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
@@ -145,7 +146,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     torch.manual_seed(s["seed"])
     model = build_task_model(task, attention, s).to(device)
     model.train()
-    opt = _optimizer(model, s)
+    opt = task_optimizer(model, s)
     # the compiled module shares the parameters; evaluation keeps the eager model (other batch shapes)
     step_model = compile_for_training(model, s["compile"])
 
