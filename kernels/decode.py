@@ -122,26 +122,36 @@ def decode_step_triton(k_cache, v_cache, G, q, wn, beta, gate_t, n, scale, *, bl
 #                            store v_n and G_n, score the recent keys (positions base … n) with q itself → partial 0
 #   _deferred_attend_kernel  split-K over the base keys 0 … base−1: reads the shadow keys and the values once, scores
 #                            with q_τ, one partial (max, sum, Σ p v) per split → partials 1 … n_split
-#   _deferred_merge_kernel   one program per (batch, kv head): merges the partials, writes o in q's dtype
+#   _deferred_merge_kernel   one program per (batch, kv head): merges the partials, writes o in q's dtype, and
+#                            advances the step counter n → n + 1
 #
 # and every R steps ``fold_triton`` carries the base keys to the current step, K ← K M (rows; fp32 dot product
-# without TF32), appends the recent keys and rewrites the shadow (one launch).
+# without TF32), appends the recent keys, rewrites the shadow and moves the base counter to n (one launch).
 # Scores are kept in base 2: q_τ and q are scaled by scale · log2(e) and the gate by log2(e).
+#
+# The step's counters live on the device: POS = [n, base] (int32, ``DeferredWorkspace.pos``), read by the three
+# step kernels, never passed as Python scalars, and the launch grids do not depend on them (the split-K grid is
+# sized from max_len; each split covers ⌈base / n_split⌉ keys rounded up to a key block, so splits past the live
+# keys are empty and leave the empty partial m = −inf, l = 0). Every launch of a step is therefore the same at
+# every step, which is what lets one CUDA graph replay them (``PathDecodeCache(cuda_graph=True)``).
 
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["n", "base", "r"])
+@triton.jit
 def _deferred_prep_kernel(
-    Q, KIN, VIN, WIN, BETA, GIN, VC, GC, MT, RK, QT, MP, LP, AP,
+    Q, KIN, VIN, WIN, BETA, GIN, VC, GC, MT, RK, QT, MP, LP, AP, POS,
     sq_b, sk_b, sv_b, sw_b, sbeta_b, sg_b,
-    n, base, r, max_len, scale_log2, n_slots,
+    max_len, scale_log2, n_slots,
     HKV: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, CH: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, HAS_GATE: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)  # b * HKV + kv head
     b = bh // HKV
     hk = bh % HKV
+    n = tl.load(POS)  # the token's position
+    base = tl.load(POS + 1)  # base keys 0 … base−1
+    r = n - base  # pending (recent) keys before this token
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
     w = tl.load(WIN + b * sw_b + hk * D + dcol).to(tl.float32)
@@ -197,14 +207,19 @@ def _deferred_prep_kernel(
     tl.store(AP + slot[:, None] * DV + vcol[None, :], tl.sum(p[:, :, None] * vr[None, :, :], 1))
 
 
-@triton.jit(do_not_specialize=["n", "base", "per_split"])
+@triton.jit
 def _deferred_attend_kernel(
-    KS, VC, GC, QT, MP, LP, AP,
-    n, base, max_len, per_split, n_slots,
+    KS, VC, GC, QT, MP, LP, AP, POS,
+    max_len, n_slots,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
+    n = tl.load(POS)
+    base = tl.load(POS + 1)
+    per_split = tl.cdiv(tl.cdiv(base, tl.num_programs(1)), BLOCK) * BLOCK  # keys per split, whole key blocks
+    start = split * per_split
+    end = tl.minimum(start + per_split, base)  # ≤ start for the splits past the live keys: no block
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
     grow = tl.arange(0, GROUP)
@@ -213,10 +228,9 @@ def _deferred_attend_kernel(
     if HAS_GATE:
         g_t = tl.load(GC + head * max_len + n)  # fp64 G_n per query head
     m_i, l_i, acc = _softmax_start(GROUP, DV)
-    start = split * per_split
-    for off in range(start, start + per_split, BLOCK):
+    for off in range(start, end, BLOCK):
         j = off + tl.arange(0, BLOCK)
-        valid = j < base
+        valid = j < end
         kb = tl.load(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], mask=valid[:, None], other=0.0)
         s = tl.sum(qt[:, None, :] * kb.to(tl.float32)[None, :, :], 2)  # [GROUP, BLOCK]
         if HAS_GATE:
@@ -225,24 +239,26 @@ def _deferred_attend_kernel(
         s = tl.where(valid[None, :], s, float("-inf"))
         vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
         m_i, l_i, acc = _softmax_block(s, vb, m_i, l_i, acc)
-    slot = (bh * n_slots + 1 + split) * GROUP + grow
+    slot = (bh * n_slots + 1 + split) * GROUP + grow  # an empty split stores m = −inf, l = 0, acc = 0
     tl.store(MP + slot, m_i)
     tl.store(LP + slot, l_i)
     tl.store(AP + slot[:, None] * DV + vcol[None, :], acc)
 
 
-@triton.jit(do_not_specialize=["n_used"])
+@triton.jit
 def _deferred_merge_kernel(
-    MP, LP, AP, O, n_used, n_slots,
+    MP, LP, AP, O, POS, n_slots,
     GROUP: tl.constexpr, DV: tl.constexpr, SC: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)
     grow = tl.arange(0, GROUP)
     vcol = tl.arange(0, DV)
     m_i, l_i, acc = _softmax_start(GROUP, DV)
-    for s0 in range(0, n_used, SC):  # slot 0 (the recent part, with the token itself) is always finite
+    # every slot, empty splits included (m = −inf, l = 0: weight 0); slot 0 (the recent part, with the token
+    # itself) is always finite, so the running max is finite after the first tile
+    for s0 in range(0, n_slots, SC):
         s = s0 + tl.arange(0, SC)
-        used = s < n_used
+        used = s < n_slots
         slot = (bh * n_slots + s[:, None]) * GROUP + grow[None, :]  # [SC, GROUP]
         m = tl.load(MP + slot, mask=used[:, None], other=float("-inf"))
         m_new = tl.maximum(m_i, tl.max(m, 0))
@@ -254,11 +270,13 @@ def _deferred_merge_kernel(
         m_i = m_new
     o = acc / l_i[:, None]
     tl.store(O + (bh * GROUP + grow)[:, None] * DV + vcol[None, :], o.to(O.dtype.element_ty))
+    if tl.program_id(0) == 0:  # the step is done: n → n + 1 (the last launch of the step; this kernel reads no counter)
+        tl.store(POS, tl.load(POS) + 1)
 
 
 @triton.jit(do_not_specialize=["n", "base"])
 def _fold_kernel(
-    K, KS, MT, RK, n, base, max_len,
+    K, KS, MT, RK, POS, n, base, max_len,
     R: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_SHADOW: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)
@@ -276,6 +294,8 @@ def _fold_kernel(
     tl.store(kp, kn, mask=live)
     if HAS_SHADOW:
         tl.store(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], kn.to(KS.dtype.element_ty), mask=live)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):  # base → n (the fold reads its counters as arguments)
+        tl.store(POS + 1, n)
 
 
 def _pow2(x):
@@ -297,10 +317,14 @@ def _attend_block(D):
 
 
 class DeferredWorkspace:
-    """Per-cache scratch of the deferred step, and its launch constants (fixed per cache, so computed once).
+    """Per-cache scratch of the deferred step, its launch constants (fixed per cache, so computed once) and the
+    step's counters on the device.
 
     q_τ ``[B·Hkv, group, D]`` and the partials (max, sum, Σ p v) per slot: slot 0 is the recent part, slots 1 …
-    the splits of the base keys.
+    ``max_split`` the splits of the base keys (the split-K grid always has ``max_split`` programs per batch and kv
+    head, sized from max_len). ``pos`` = [n, base] int32: the position of the next token and the number of base
+    keys, read by the step kernels; the merge kernel advances n, the fold kernel sets base, and the cache writes
+    both on prefill and reset (:meth:`set_pos`).
     """
 
     def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device):
@@ -317,14 +341,18 @@ class DeferredWorkspace:
         self.m = torch.empty(bh, self.n_slots, group, dtype=torch.float32, device=device)
         self.l = torch.empty_like(self.m)
         self.acc = torch.empty(bh, self.n_slots, group, value_dim, dtype=torch.float32, device=device)
+        self.pos = torch.zeros(2, dtype=torch.int32, device=device)
 
-    def splits(self, base):
-        """(number of splits, keys per split) of the base keys 0 … base−1."""
+    def set_pos(self, n, base):
+        """Write the device counters (prefill, reset): one small host-to-device copy."""
+        self.pos.copy_(torch.tensor([n, base], dtype=torch.int32))
+
+    def live_splits(self, base):
+        """How many of the ``max_split`` splits hold base keys (0 … base−1): the others are empty. For tests."""
         if base == 0:
-            return 0, 0
-        n_split = max(1, min(triton.cdiv(base, self.block), self.max_split))
-        per_split = triton.cdiv(triton.cdiv(base, n_split), self.block) * self.block
-        return triton.cdiv(base, per_split), per_split
+            return 0
+        per_split = triton.cdiv(triton.cdiv(base, self.max_split), self.block) * self.block
+        return triton.cdiv(base, per_split)
 
 
 def _rows(t):
@@ -337,14 +365,16 @@ def _rows(t):
     return t, st[0]
 
 
-def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, n, base, scale):
-    """One deferred decode step for the token at position ``n``: three launches (prep, split-K attend, merge).
+def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, scale):
+    """One deferred decode step for the token at position n = ``ws.pos[0]``: three launches (prep, split-K attend,
+    merge), none of which takes a per-step Python value, so a CUDA graph of them serves every step.
 
-    ws: :class:`DeferredWorkspace`; k_attend ``[B, Hkv, L, D]``: the keys scored for positions < ``base`` (the
-    shadow, or the fp32 master); v_cache ``[B, Hkv, L, Dv]``; G ``[B, H, L]`` fp64 or None; M ``[B, Hkv, D, D]``
-    fp32 (H_{τ+1} ⋯ H_{n−1}, I when nothing is pending); rk ``[B, Hkv, R, D]`` fp32 (rows 0 … n−base−1 pending).
-    q, k, v, w, beta, g: the token's inputs ``[B, 1, …]`` as :meth:`pathlab.decoding.PathDecodeCache.step` takes
-    them (w raw). Updates M, rk, v_cache[:, :, n] and G[:, :, n] in place. Returns o ``[B, 1, H, Dv]`` in q's dtype.
+    ws: :class:`DeferredWorkspace` (its ``pos`` = [n, base] is read, and n advanced by one); k_attend
+    ``[B, Hkv, L, D]``: the keys scored for positions < base (the shadow, or the fp32 master); v_cache
+    ``[B, Hkv, L, Dv]``; G ``[B, H, L]`` fp64 or None; M ``[B, Hkv, D, D]`` fp32 (H_{τ+1} ⋯ H_{n−1}, I when nothing
+    is pending); rk ``[B, Hkv, R, D]`` fp32 (rows 0 … n−base−1 pending). q, k, v, w, beta, g: the token's inputs
+    ``[B, 1, …]`` as :meth:`pathlab.decoding.PathDecodeCache.step` takes them (w raw). Updates M, rk,
+    v_cache[:, :, n] and G[:, :, n] in place. Returns o ``[B, 1, H, Dv]`` in q's dtype.
     """
     B, Hkv, L, D = k_attend.shape
     H, DV = q.shape[2], v_cache.shape[-1]
@@ -354,34 +384,33 @@ def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, n
     gr, sg = _rows(g) if has_gate else (qr, 0)
     gc = G if has_gate else v_cache
     _deferred_prep_kernel[(B * Hkv,)](
-        qr, kr, vr, wr, br, gr, v_cache, gc, M, rk, ws.qt, ws.m, ws.l, ws.acc,
+        qr, kr, vr, wr, br, gr, v_cache, gc, M, rk, ws.qt, ws.m, ws.l, ws.acc, ws.pos,
         sq, sk, sv, sw, sb, sg,
-        n, base, n - base, L, scale * _LOG2E, ws.n_slots,
+        L, scale * _LOG2E, ws.n_slots,
         HKV=Hkv, GROUP=group, R=rk.shape[2], RP=ws.rp, CH=ws.ch, D=D, DV=DV, HAS_GATE=has_gate,
         num_warps=ws.prep_warps,
     )
-    n_split, per_split = ws.splits(base)
-    if n_split:
-        _deferred_attend_kernel[(B * Hkv, n_split)](
-            k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc,
-            n, base, L, per_split, ws.n_slots,
-            GROUP=group, HAS_GATE=has_gate, BLOCK=ws.block, D=D, DV=DV,
-        )
+    _deferred_attend_kernel[(B * Hkv, ws.max_split)](
+        k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc, ws.pos,
+        L, ws.n_slots,
+        GROUP=group, HAS_GATE=has_gate, BLOCK=ws.block, D=D, DV=DV,
+    )
     o = torch.empty(B, 1, H, DV, dtype=q.dtype, device=q.device)
     _deferred_merge_kernel[(B * Hkv,)](
-        ws.m, ws.l, ws.acc, o, 1 + n_split, ws.n_slots,
+        ws.m, ws.l, ws.acc, o, ws.pos, ws.n_slots,
         GROUP=group, DV=DV, SC=ws.sc,
     )
     return o
 
 
-def fold_triton(k_master, k_shadow, M, rk, n, base):
+def fold_triton(ws, k_master, k_shadow, M, rk, n, base):
     """Carry the base keys 0 … base−1 by M (rows K ← K M, fp32 without TF32), move the pending keys (rows of rk,
-    already carried to the current step) to positions base … n−1 and rewrite the shadow of 0 … n−1. One launch."""
+    already carried to the current step) to positions base … n−1, rewrite the shadow of 0 … n−1 and set the device
+    base counter ``ws.pos[1]`` to n. One launch; n and base are the host's (the fold runs outside a step graph)."""
     B, Hkv, L, D = k_master.shape
     block = 64 if D <= 64 else 32
     has_shadow = k_shadow is not None
     _fold_kernel[(B * Hkv, triton.cdiv(n, block))](
-        k_master, k_shadow if has_shadow else k_master, M, rk, n, base, L,
+        k_master, k_shadow if has_shadow else k_master, M, rk, ws.pos, n, base, L,
         R=rk.shape[2], D=D, BLOCK=block, HAS_SHADOW=has_shadow,
     )

@@ -118,12 +118,21 @@ class PathDecodeCache:
             one more every R steps for the fold; the fused update-and-attend kernel when ``defer=0``). None = on
             CUDA when the shapes allow it (fp32 keys, power-of-two head dims ≥ 16 and group size); False = plain
             PyTorch ops (what the CPU always uses).
+        cuda_graph: capture the deferred Triton step (prep, attend, merge) in a ``torch.cuda.CUDAGraph`` and replay
+            it at every step (default False). Needs CUDA, the Triton path and ``defer ≥ 1``. The first step with a
+            given input signature (gated or not, scale, input dtypes) runs eagerly on a side stream (it compiles
+            the kernels, and it is a real step) and captures the graph; each later :meth:`step` copies its inputs
+            into the graph's static buffers (skipped for an input that *is* the static buffer, see
+            :meth:`graph_inputs`), replays it and returns a clone of the static output. The fold (every R steps)
+            runs eagerly between replays. The step's counters live on the device, so the one graph is right at
+            every position; :meth:`reset` and :meth:`prefill` keep it valid.
 
     ``w`` passed to :meth:`prefill` and :meth:`step` is the raw direction: it is normalised here in fp32.
     """
 
     def __init__(self, batch, n_kv_heads, max_len, head_dim, value_dim, *, n_heads=None, device=None,
-                 dtype=torch.float32, value_dtype=None, use_triton=None, defer=32, shadow_dtype="auto"):
+                 dtype=torch.float32, value_dtype=None, use_triton=None, defer=32, shadow_dtype="auto",
+                 cuda_graph=False):
         for name, x in (("batch", batch), ("n_kv_heads", n_kv_heads), ("max_len", max_len),
                         ("head_dim", head_dim), ("value_dim", value_dim)):
             if not isinstance(x, int) or x < 1:
@@ -173,6 +182,14 @@ class PathDecodeCache:
 
                 self._ws = DeferredWorkspace(batch, n_kv_heads, n_heads // n_kv_heads, head_dim, value_dim,
                                              max_len, defer, self.k.device)
+        if cuda_graph:
+            if self.k.device.type != "cuda":
+                raise ValueError(f"cuda_graph=True needs a CUDA device; the cache is on {self.k.device}")
+            if not (defer and self.use_triton):
+                raise ValueError("cuda_graph=True needs the deferred Triton step: defer ≥ 1 and use_triton "
+                                 "(fp32 keys, head dims in {16, 32, 64, 128}, a power-of-two group size)")
+        self.cuda_graph = bool(cuda_graph)
+        self._graphs = {}  # input signature → _StepGraph
 
     def __len__(self):
         return self.length
@@ -186,6 +203,8 @@ class PathDecodeCache:
         self.length = self.base = 0
         if self.M is not None:
             self._reset_m()
+        if self._ws is not None:
+            self._ws.set_pos(0, 0)
 
     def _reset_m(self):
         self.M.copy_(self._eye)  # broadcast over batch and heads
@@ -229,6 +248,8 @@ class PathDecodeCache:
         if g is not None:
             self.G[:, :, :T] = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)
         self.length = self.base = T
+        if self._ws is not None:
+            self._ws.set_pos(T, T)
         return o
 
     @torch.no_grad()
@@ -272,16 +293,46 @@ class PathDecodeCache:
         return o
 
     def _step_deferred_triton(self, q, k, v, w, beta, g, scale):
-        from pathlab.kernels.decode import deferred_step_triton
-
-        n = self.length
-        keys = self.k_shadow if self.k_shadow is not None else self.k
-        o = deferred_step_triton(self._ws, keys, self.v, self.G if g is not None else None, self.M, self.rk,
-                                 q, k, v, w, beta, g, n, self.base, scale)
-        self.length = n + 1
+        if self.cuda_graph:
+            o = self._replay(q, k, v, w, beta, g, scale)
+        else:
+            o = self._launch_step(q, k, v, w, beta, g, scale)
+        self.length += 1
         if self.pending == self.defer:
             self._fold()
         return o
+
+    def _launch_step(self, q, k, v, w, beta, g, scale):
+        """The three step kernels; the position comes from the device counters, which the merge advances."""
+        from pathlab.kernels.decode import deferred_step_triton
+
+        keys = self.k_shadow if self.k_shadow is not None else self.k
+        return deferred_step_triton(self._ws, keys, self.v, self.G if g is not None else None, self.M, self.rk,
+                                    q, k, v, w, beta, g, scale)
+
+    @staticmethod
+    def _signature(q, k, v, w, beta, g, scale):
+        return (g is not None, scale) + tuple(t.dtype for t in (q, k, v, w, beta, g) if t is not None)
+
+    def graph_inputs(self, q, k, v, w, beta, g=None, *, scale=None):
+        """The static input buffers (q, k, v, w, beta, g or None) of the graph for inputs like these, captured by
+        the first step with them; None before that. Writing a step's inputs into them and passing them to
+        :meth:`step` skips the copies."""
+        scale = self.head_dim ** -0.5 if scale is None else float(scale)
+        graph = self._graphs.get(self._signature(q, k, v, w, beta, g, scale))
+        return None if graph is None else graph.inputs
+
+    def _replay(self, q, k, v, w, beta, g, scale):
+        key = self._signature(q, k, v, w, beta, g, scale)
+        graph = self._graphs.get(key)
+        if graph is None:  # first step of this signature: run it eagerly (a real step), then capture
+            graph = self._graphs[key] = _StepGraph(self, (q, k, v, w, beta, g), scale)
+            return graph.first_output
+        for static, x in zip(graph.inputs, (q, k, v, w, beta, g)):
+            if x is not None and x is not static:
+                static.copy_(x)
+        graph.graph.replay()
+        return graph.output.clone()
 
     def _fold(self):
         """Carry the base keys to the current step (rows K ← K M), append the pending keys, refresh the shadow."""
@@ -289,7 +340,7 @@ class PathDecodeCache:
         if self.use_triton:
             from pathlab.kernels.decode import fold_triton
 
-            fold_triton(self.k, self.k_shadow, self.M, self.rk, n, base)
+            fold_triton(self._ws, self.k, self.k_shadow, self.M, self.rk, n, base)
         else:
             with _full_fp32(self.k.device):
                 if base:
@@ -354,3 +405,29 @@ class PathDecodeCache:
         probs = torch.softmax(logits, dim=-1)
         o = probs @ self.v[:, :, :n].to(kd)  # [B, Hkv, G, Dv]
         return o.reshape(B, 1, H, self.value_dim).to(q.dtype)
+
+
+class _StepGraph:
+    """One captured deferred Triton step of a :class:`PathDecodeCache` (``cuda_graph=True``).
+
+    Built at the first step with a given input signature: the inputs are copied into static buffers, the step runs
+    eagerly from them on a side stream (it is that step's real computation, and it compiles the kernels for
+    exactly these buffers, so nothing compiles during the capture), then the same launches are captured. Capturing
+    runs nothing, so the cache's state is that of one step. The graph reads and writes the cache's tensors in place
+    (their addresses never change) and its counters on the device, so replaying it is the next step wherever the
+    cache stands.
+    """
+
+    def __init__(self, cache, inputs, scale):
+        self.inputs = tuple(None if x is None else x.clone(memory_format=torch.contiguous_format) for x in inputs)
+        current = torch.cuda.current_stream(cache.k.device)
+        side = torch.cuda.Stream(cache.k.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            o = cache._launch_step(*self.inputs, scale)
+        current.wait_stream(side)
+        o.record_stream(current)
+        self.first_output = o
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = cache._launch_step(*self.inputs, scale)

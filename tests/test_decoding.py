@@ -2,7 +2,9 @@
 
 The PyTorch step runs in fp64 (exact up to rounding) and in fp32 with an fp16 shadow (within the bound of one
 fp16 rounding of the keys); the Triton steps (deferred: prep, attend, merge and fold kernels; immediate: the
-fused update kernel) run under the Triton interpreter in fp32 and are compared with the PyTorch step.
+fused update kernel) run under the Triton interpreter in fp32 and are compared with the PyTorch step. The deferred
+step's kernels read the step counters from the device and launch alike at every step (what a CUDA graph of the
+step needs); the graph itself is tested on a GPU (``pytest -m gpu``).
 """
 
 import functools
@@ -186,6 +188,75 @@ def test_triton_deferred_step_from_an_empty_cache_with_strided_inputs():
     assert float((o.double() - want).abs().max()) <= fp16_bound(inputs, D ** -0.5)
 
 
+class _LaunchLog:
+    """Stands in for a Triton kernel: records each launch (grid, every argument; tensors by address, dtype, shape
+    and strides) and runs it. The deferred merge kernel's output O is left out: a graph allocates it once."""
+
+    def __init__(self, kernel, log):
+        self.kernel, self.log = kernel, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            def key(x):
+                if isinstance(x, torch.Tensor):
+                    return ("tensor", x.data_ptr(), x.dtype, tuple(x.shape), x.stride())
+                return x
+
+            named = dict(zip(self.kernel.arg_names, args), **kwargs)
+            named.pop("O", None)
+            self.log.append((tuple(grid), tuple((k, key(x)) for k, x in sorted(named.items()))))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@interpreter_only
+@pytest.mark.parametrize("defer,gate,T0", [(1, True, 0), (3, False, 5), (32, True, 3)],
+                         ids=["R1-fox-empty", "R3-path-prompt5", "R32-fox-prompt3"])
+def test_triton_step_counters_on_device_launch_alike_at_every_step(defer, gate, T0, monkeypatch):
+    """The step kernels take n and base from the device (``ws.pos``) and their grids from max_len: with the inputs
+    in fixed buffers, as a CUDA graph replays them, every step's launches are identical, across 2R + 1 steps (two
+    folds) from an empty or short prompt, with most attention splits past the live keys; the outputs still match
+    the PyTorch step."""
+    from pathlab.kernels import decode
+
+    B, H, Hkv, D, DV = 2, 2, 1, 16, 16
+    steps = 2 * defer + 1
+    T = T0 + steps
+    max_len = T + 300  # the split-K grid is sized from max_len: 4 splits, of which at most 2 hold keys here
+    inputs = make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=7)
+    logs = {name: [] for name in ("_deferred_prep_kernel", "_deferred_attend_kernel", "_deferred_merge_kernel")}
+    for name, log in logs.items():
+        monkeypatch.setattr(decode, name, _LaunchLog(getattr(decode, name), log))
+    tri = PathDecodeCache(B, Hkv, max_len, D, DV, n_heads=H, defer=defer, use_triton=True)
+    ref = PathDecodeCache(B, Hkv, max_len, D, DV, n_heads=H, defer=defer, shadow_dtype=torch.float16,
+                          use_triton=False)
+    ws = tri._ws
+    assert ws.max_split == 4
+    q, k, v, w, beta, g = inputs
+    sl = lambda t, a, b: None if t is None else t[:, a:b]  # noqa: E731
+    if T0:
+        for c in (tri, ref):
+            c.prefill(*(sl(x, 0, T0) for x in (q, k, v, w, beta)), sl(g, 0, T0))
+    static = [None if x is None else x[:, :1].clone() for x in inputs]  # the step's inputs live here
+    live, errs = [], []
+    for t in range(T0, T):
+        live.append(ws.live_splits(tri.base))
+        x = [None if s is None else s.copy_(y[:, t:t + 1]) for s, y in zip(static, inputs)]
+        o_tri = tri.step(*x)
+        o_ref = ref.step(*(sl(y, t, t + 1) for y in inputs))
+        errs.append(float((o_tri - o_ref).abs().max()))
+        assert ws.pos.tolist() == [tri.length, tri.base] == [t + 1, ref.base]
+    assert tri.base == ref.base == T0 + steps // defer * defer  # R = 1: 2R + 1 folds; else two and one pending
+    assert min(live) < ws.max_split and max(live) >= 1  # splits past the live keys, and splits with keys
+    if T0 == 0:
+        assert live[0] == 0  # the first step has no base keys at all: every split is empty
+    for name, log in logs.items():
+        assert len(log) == steps, name
+        assert len(set(log)) == 1, f"{name}: {len(set(log))} different launches over {steps} steps"
+    assert max(errs) < 2e-4, max(errs)  # fp16 shadow on both sides (rare elements one unit apart)
+
+
 @interpreter_only
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_immediate_triton_step_matches_reference(gate):
@@ -196,6 +267,62 @@ def test_immediate_triton_step_matches_reference(gate):
     want = reference(*inputs)
     err = float((o.double() - want.double()).abs().max())
     assert err < 1e-5, err
+
+
+# ---------------------------------------------------------------------------------- CUDA graph of the step (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("defer", [3, 32])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_cuda_graph_step_matches_eager_triton_step(defer, gate):
+    """``cuda_graph=True``: one captured step replayed over 2R + 1 steps (two folds, eager between replays), then
+    again after reset() and a prefill of another length, equals the eager Triton step: outputs and cache state.
+    The graph's static buffers are other memory than the eager step's inputs, so Triton may pick other layouts:
+    agreement to fp32 rounding, not bit for bit."""
+    B, H, Hkv, D, DV = 2, 4, 2, 64, 64
+    steps = 2 * defer + 1
+    T = 300 + steps
+    max_len = T + 4096  # most attention splits past the live keys
+    inputs = [None if x is None else x.cuda() for x in make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=8)]
+    q, k, v, w, beta, g = inputs
+    inputs[:3] = [x.bfloat16() for x in (q, k, v)]  # bf16 queries, keys and values as a model passes them
+    opts = dict(n_heads=H, device="cuda", defer=defer, value_dtype=torch.bfloat16)
+    eager = PathDecodeCache(B, Hkv, max_len, D, DV, **opts)
+    graphed = PathDecodeCache(B, Hkv, max_len, D, DV, cuda_graph=True, **opts)
+    assert eager.use_triton and graphed.use_triton and graphed.cuda_graph
+    sl = lambda t, a, b: None if t is None else t[:, a:b]  # noqa: E731
+    for T0 in (300, 37):  # the second pass reuses the graph after reset() and a shorter prompt
+        for c in (eager, graphed):
+            c.reset()
+            c.prefill(*(sl(x, 0, T0) for x in inputs[:5]), sl(inputs[5], 0, T0))
+        for t in range(T0, T0 + steps):
+            x = [sl(y, t, t + 1) for y in inputs]
+            o_e, o_g = eager.step(*x), graphed.step(*x)
+            assert o_g.dtype == torch.bfloat16 and o_g.shape == (B, 1, H, DV)
+            err = float((o_g.float() - o_e.float()).abs().max())
+            assert err <= 1e-2 * float(o_e.float().abs().max()), (t, err)  # bf16 outputs: a unit or so apart
+        assert graphed.length == eager.length == T0 + steps and graphed.base == eager.base
+        assert graphed._ws.pos.tolist() == eager._ws.pos.tolist() == [graphed.length, graphed.base]
+        n = graphed.base
+        for name in ("k", "M", "rk"):
+            a, b = getattr(graphed, name), getattr(eager, name)
+            assert (a - b).abs().max() <= 1e-5, name
+        assert torch.equal(graphed.k_shadow[:, :, :n], graphed.k[:, :, :n].half())  # rewritten at each fold
+        if gate:
+            assert torch.equal(graphed.G, eager.G)
+    assert len(graphed._graphs) == 1  # one graph served every step of both passes
+    # writing the inputs into the graph's own buffers skips the copies and gives the same step
+    static = graphed.graph_inputs(*(sl(y, 0, 1) for y in inputs))
+    assert static is not None and len(static) == 6 and (static[5] is None) == (not gate)
+    t = T0 + steps
+    if t < T:
+        for s_, y in zip(static, inputs):
+            if s_ is not None:
+                s_.copy_(y[:, t:t + 1])
+        o_g = graphed.step(*static)
+        o_e = eager.step(*(sl(y, t, t + 1) for y in inputs))
+        assert float((o_g.float() - o_e.float()).abs().max()) <= 1e-2 * float(o_e.float().abs().max())
 
 
 # ------------------------------------------------------------------------------------------------ the rest
@@ -233,6 +360,14 @@ def test_errors_are_clear():
             PathDecodeCache(1, 1, 8, 16, 16, shadow_dtype=bad)
     with pytest.raises(ValueError, match="shadow_dtype needs defer"):
         PathDecodeCache(1, 1, 8, 16, 16, defer=0, shadow_dtype=torch.float16)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+            PathDecodeCache(1, 1, 8, 16, 16, cuda_graph=True, use_triton=True)
+    else:
+        with pytest.raises(ValueError, match="cuda_graph=True needs the deferred Triton step"):
+            PathDecodeCache(1, 1, 8, 16, 16, device="cuda", defer=0, cuda_graph=True)
+        with pytest.raises(ValueError, match="cuda_graph=True needs the deferred Triton step"):
+            PathDecodeCache(1, 1, 8, 16, 16, device="cuda", use_triton=False, cuda_graph=True)
     cache = PathDecodeCache(1, 1, 4, 16, 16, dtype=torch.float64, use_triton=False)
     q, k, v, w, beta, _ = make(1, 5, 1, 1, 16, 16, torch.float64, False)
     with pytest.raises(ValueError, match="cache full"):
@@ -257,5 +392,8 @@ def test_bench_decode_smoke_on_cpu():
     assert row["defer"] == 3 and row["shadow"] == "fp16" and row["steps_per_run"] == 6 and not row["fused"]
     assert row["check_max_rel"] < 1e-2 and row["check_rel_rms"] < 2e-3  # fp16 shadow vs immediate fp32 keys
     assert all(row[k] > 0 for k in ("path_step_ms", "path_step_immediate_ms", "plain_step_ms"))
+    assert "CUDA device" in row["graph_skipped"] and "path_step_graph_ms" not in row  # said, not silent
+    (row,) = bench.bench_decode([8], 2, 16, "cpu", defer=1, runs=1, graph=False)
+    assert row["graph_skipped"].startswith("not requested")
     with pytest.raises(ValueError, match="shadow"):
         bench.bench_decode([48], 2, 16, "cpu", shadow="fp8")
