@@ -7,6 +7,7 @@ head shape: relative RMS error of o and of every gradient goes into the result f
 
     python benchmarks/bench_kernels.py --out benchmarks/results/kernels-h200.json
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,sdpa --decode 4096,65536
+    python benchmarks/bench_kernels.py --cases '' --decode 4096,16384,65536 --out decode.json  # decode only
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -227,7 +228,7 @@ def _time_runs(run, reset, runs, device):
 SHADOWS = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
 
 
-def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use_triton=None):
+def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use_triton=None, graph=True):
     """Decode steps (B=1, bf16 values, no gate) at each cache length: PathDecodeCache.step against plain decoding.
 
     Each timed run is 2·R consecutive real steps (``defer`` = R, so every run holds two folds) from the prefilled
@@ -237,6 +238,22 @@ def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use
     key/value cache that grows by one per step). Before timing, the deferred step is checked against the
     immediate fp32 step on the same inputs (fp32 queries) over 2R + 1 steps: relative RMS and max error of o. Runs on a CPU
     too (PyTorch step unless ``use_triton``; for a smoke check with a tiny length).
+
+    With ``graph`` (default) on CUDA, each row also times both steps captured in CUDA graphs, over the same runs:
+
+    * the deferred step of ``PathDecodeCache(..., cuda_graph=True)``: per step, the host validates the inputs,
+      copies q, k, v, w, β into the graph's static buffers, replays the one graph (prep, attend, merge) and clones
+      its output; the fold runs eagerly every R steps. Its output is checked against the eager deferred step
+      over the same 2R + 1 steps (``check_graph_max_abs``).
+    * plain decoding, captured *per length*: one graph per step of the run (cache write of k and v at position n,
+      SDPA over ``kc[:, :, :n+1]``), captured before timing; per step the host copies q, k, v into static buffers,
+      replays that step's graph and clones its output. This is the cheapest plain step a graph can give (exactly
+      the eager kernels, no masking, no read past n), so the graphed ratios are, if anything, unfavourable to
+      PaTH; a generator would need one graph for every length (or a masked max-length view, which reads more).
+
+    Ratios: ``ratio`` (eager PaTH ÷ eager plain), ``ratio_graph`` (graphed ÷ graphed) and
+    ``ratio_graph_vs_eager_plain`` (graphed PaTH ÷ eager plain). Without a CUDA device, with ``graph=False`` or
+    when the deferred step does not run in Triton, the graph timings are left out and ``graph_skipped`` says why.
     """
     from pathlab.decoding import PathDecodeCache
 
@@ -254,23 +271,30 @@ def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use
         opts = dict(device=device, value_dtype=torch.bfloat16, use_triton=use_triton)
         cache = PathDecodeCache(1, H, room, D, D, defer=R, shadow_dtype=SHADOWS[shadow], **opts)
         immediate = PathDecodeCache(1, H, room, D, D, defer=0, **opts)
+        skipped = _graph_skipped(graph, device, cache)
+        graphed = None if skipped else PathDecodeCache(1, H, room, D, D, defer=R, shadow_dtype=SHADOWS[shadow],
+                                                       cuda_graph=True, **opts)
+        caches = [c for c in (cache, immediate, graphed) if c is not None]
         q, k, v = (r(1, L, H, D).to(torch.bfloat16) for _ in range(3))
         w, beta = r(1, L, H, D), torch.rand(1, L, H, device=device, generator=gen) * 2
         sq, sk, sv = (r(1, steps + 1, H, D).to(torch.bfloat16) for _ in range(3))
         sw, sb = r(1, steps + 1, H, D), torch.rand(1, steps + 1, H, device=device, generator=gen) * 2
         one = lambda x, t: x[:, t:t + 1]  # noqa: E731
         with torch.no_grad():
-            cache.prefill(q, k, v, w, beta)
-            immediate.prefill(q, k, v, w, beta)
-            saved = {c: _snapshot(c) for c in (cache, immediate)}
-            o_def, o_imm = [], []
+            for c in caches:
+                c.prefill(q, k, v, w, beta)
+            saved = {c: _snapshot(c) for c in caches}
+            outs = {c: [] for c in caches}
             for t in range(steps + 1):  # the check (fp32 queries, so o comes out in fp32): two folds and a step
                 x = (one(sq, t).float(), one(sk, t), one(sv, t), one(sw, t), one(sb, t))
-                o_def.append(cache.step(*x))
-                o_imm.append(immediate.step(*x))
-            o_def, o_imm = torch.cat(o_def, 1), torch.cat(o_imm, 1)
+                for c in caches:
+                    outs[c].append(c.step(*x))
+            o_def, o_imm = torch.cat(outs[cache], 1), torch.cat(outs[immediate], 1)
             check = dict(check_rel_rms=rel_rms(o_def, o_imm),
                          check_max_rel=float((o_def - o_imm).abs().max() / o_imm.abs().max()))
+            if graphed is not None:
+                check["check_graph_max_abs"] = float((torch.cat(outs[graphed], 1) - o_def).abs().max())
+            outs = None
 
             def stepper(c):
                 def run():
@@ -278,8 +302,10 @@ def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use
                         c.step(one(sq, t), one(sk, t), one(sv, t), one(sw, t), one(sb, t))
                 return run
 
-            t_def = _time_runs(stepper(cache), lambda: _restore(cache, saved[cache]), runs, device)
-            t_imm = _time_runs(stepper(immediate), lambda: _restore(immediate, saved[immediate]), runs, device)
+            def timed(c):
+                return _time_runs(stepper(c), lambda: _restore(c, saved[c]), runs, device)
+
+            t_def, t_imm = timed(cache), timed(immediate)
             kc = r(1, H, room, D).to(torch.bfloat16)
             vc = r(1, H, room, D).to(torch.bfloat16)
 
@@ -291,31 +317,90 @@ def bench_decode(lengths, H, D, device, *, defer=32, shadow="fp16", runs=10, use
                     F.scaled_dot_product_attention(sq[:, t:t + 1].transpose(1, 2), kc[:, :, :n + 1], vc[:, :, :n + 1])
 
             t_plain = _time_runs(plain_run, lambda: None, runs, device)
+            graph_row = {}
+            if graphed is not None:
+                t_def_g = timed(graphed)  # the untimed first run captures the graph for bf16 queries
+                t_plain_g = _time_runs(_plain_graph_run(kc, vc, sq, sk, sv, L, steps), lambda: None, runs, device)
+                graph_row = dict(path_step_graph_ms=t_def_g[0] / steps, path_step_graph_min_ms=t_def_g[1] / steps,
+                                 plain_step_graph_ms=t_plain_g[0] / steps,
+                                 plain_step_graph_min_ms=t_plain_g[1] / steps,
+                                 ratio_graph=t_def_g[0] / t_plain_g[0],
+                                 ratio_graph_vs_eager_plain=t_def_g[0] / t_plain[0],
+                                 graphs_captured=len(graphed._graphs),
+                                 plain_graph="one CUDA graph per length (per step of the run), captured before timing")
+            else:
+                graph_row = dict(graph_skipped=skipped)
         row = dict(method="decode", cache_len=L, H=H, D=D, defer=R, shadow=shadow, fused=cache.use_triton,
                    steps_per_run=steps, runs=runs,
                    path_step_ms=t_def[0] / steps, path_step_min_ms=t_def[1] / steps,
                    path_step_immediate_ms=t_imm[0] / steps, plain_step_ms=t_plain[0] / steps,
                    plain_step_min_ms=t_plain[1] / steps,
-                   ratio=t_def[0] / t_plain[0], ratio_immediate=t_imm[0] / t_plain[0], **check)
+                   ratio=t_def[0] / t_plain[0], ratio_immediate=t_imm[0] / t_plain[0], **graph_row, **check)
         print(json.dumps(row), flush=True)
         rows.append(row)
-        cache = immediate = saved = None  # free the caches before the next length
+        cache = immediate = graphed = caches = saved = None  # free the caches before the next length
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
 
 
+def _graph_skipped(graph, device, cache):
+    """Why the CUDA-graph timings of a decode row are left out (None: they run)."""
+    if not graph:
+        return "not requested (graph=False, --no-decode-graph)"
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device; this run is on {device.type}"
+    if not cache.use_triton:
+        return "the deferred step does not run in Triton here (use_triton=False), and only that step is captured"
+    return None
+
+
+def _plain_graph_run(kc, vc, sq, sk, sv, L, steps):
+    """Plain decoding from CUDA graphs: one graph per step t of a run (write k, v at n = L + t, SDPA over 0 … n),
+    captured here from static q, k, v buffers after an eager warm-up on a side stream; returns the timed run."""
+    static = [x[:, :1].clone() for x in (sq, sk, sv)]
+    sq_, sk_, sv_ = static
+
+    def plain_step(n):
+        kc[:, :, n] = sk_[:, 0]
+        vc[:, :, n] = sv_[:, 0]
+        return F.scaled_dot_product_attention(sq_.transpose(1, 2), kc[:, :, :n + 1], vc[:, :, :n + 1])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for t in range(steps):  # warm-up: SDPA picks and loads its kernels for every length
+            plain_step(L + t)
+    torch.cuda.current_stream().wait_stream(side)
+    pool = torch.cuda.graph_pool_handle()
+    graphs, outs = [], []
+    for t in range(steps):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outs.append(plain_step(L + t))
+        graphs.append(g)
+
+    def run():
+        for t in range(steps):
+            for dst, src in zip(static, (sq, sk, sv)):
+                dst.copy_(src[:, t:t + 1])
+            graphs[t].replay()
+            outs[t].clone()
+
+    return run
+
+
 def _snapshot(cache):
-    """What a run of steps changes in a PathDecodeCache (the values and gates past the prompt are rewritten)."""
-    tensors = {name: getattr(cache, name).clone() for name in ("k", "k_shadow", "M", "rk")
-               if getattr(cache, name) is not None}
-    return tensors, cache.length, cache.base
+    """What a run of steps changes in a PathDecodeCache (the values and gates past the prompt are rewritten):
+    the keys, M, the recent keys, the device counters of the Triton step, and the host's length and base."""
+    live = [getattr(cache, name) for name in ("k", "k_shadow", "M", "rk")] + [getattr(cache._ws, "pos", None)]
+    return [(t, t.clone()) for t in live if t is not None], cache.length, cache.base
 
 
 def _restore(cache, snap):
     tensors, cache.length, cache.base = snap
-    for name, t in tensors.items():
-        getattr(cache, name).copy_(t)
+    for live, saved in tensors:
+        live.copy_(saved)
 
 
 TUNE_FWD = ["4,3", "8,2", "4,2"]
@@ -388,6 +473,8 @@ def main(argv=None):
     ap.add_argument("--decode-shadow", default="fp16", choices=sorted(SHADOWS),
                     help="precision of the key copy the deferred step attends over")
     ap.add_argument("--decode-runs", type=int, default=10, help="timed runs of 2·R decode steps per length")
+    ap.add_argument("--decode-graph", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the deferred step and plain decoding captured in CUDA graphs (default on)")
     ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
@@ -438,7 +525,7 @@ def main(argv=None):
         try:
             result["decode"] = bench_decode([int(x) for x in args.decode.split(",")], H, D, device,
                                             defer=args.decode_defer, shadow=args.decode_shadow,
-                                            runs=args.decode_runs)
+                                            runs=args.decode_runs, graph=args.decode_graph)
         except Exception as err:  # noqa: BLE001
             result["decode"] = [{"error": f"{type(err).__name__}: {err}"}]
             print(result["decode"], flush=True)
