@@ -1,28 +1,30 @@
 """Triton kernels of the PaTH scan: forward (right-to-left with an online softmax) and backward.
 
 Inputs are in the chunk layout of ``_layout`` (``[heads, NC, BT, ·]``, contiguous) and come from the UT
-transform of ``_ut``: per chunk n the carried queries q̃ (fp32), the carried keys k̃, the chunk factors W and U
-(H_last ⋯ H_first = I − Wᵀ U) and the intra-chunk logits S_d.
+transform of ``_ut``: per chunk n the carried queries q̃ (fp32), the carried keys k̃, the chunk's transition
+P_n = H_last ⋯ H_first = I − M_n as M_n = Wᵀ U (``[heads, NC, D, D]``) and the intra-chunk logits S_d.
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
         S = q k̃_mᵀ · scale + (G_i − G_j);  online softmax;  o += P V_m
-        q ← q − (q W_mᵀ) U_m                (carry the queries across chunk m; q stays fp32)
+        q ← q − q M_m                        (carry the queries across chunk m; q stays fp32)
     and the log-sum-exp (base 2) is stored for the backward.
 
 Backward, persistent programs, one work item per (query chunk c, query head). Let q⁽ᵐ⁾ be the carried query
-state while visiting key chunk m, q⁽ᵐ⁻¹⁾ = q⁽ᵐ⁾ P_m with P_m = I − W_mᵀ U_m, and λ⁽ᵐ⁾ = ∂L/∂q⁽ᵐ⁾ restricted to
-the keys of chunks ≤ m. Then, with dS = P ∘ (dP − δ):
-    λ⁽ᵐ⁾ = λ⁽ᵐ⁻¹⁾ P_mᵀ + scale · dS_m k̃_m                   (ascending m, λ⁽⁻¹⁾ = 0; dq̃ = λ⁽ᶜ⁻¹⁾)
-    ∂L/∂P_m += q⁽ᵐ⁾ᵀ λ⁽ᵐ⁻¹⁾  ⇒  dW_m −= (λ⁽ᵐ⁻¹⁾ U_mᵀ)ᵀ q⁽ᵐ⁾,  dU_m −= (q⁽ᵐ⁾ W_mᵀ)ᵀ λ⁽ᵐ⁻¹⁾
+state while visiting key chunk m, q⁽ᵐ⁻¹⁾ = q⁽ᵐ⁾ P_m with P_m = I − M_m, and λ⁽ᵐ⁾ = ∂L/∂q⁽ᵐ⁾ restricted to the
+keys of chunks ≤ m. Then, with dS = P ∘ (dP − δ):
+    λ⁽ᵐ⁾ = λ⁽ᵐ⁻¹⁾ − λ⁽ᵐ⁻¹⁾ M_mᵀ + scale · dS_m k̃_m        (ascending m, λ⁽⁻¹⁾ = 0; dq̃ = λ⁽ᶜ⁻¹⁾)
+    dM_m −= q⁽ᵐ⁾ᵀ λ⁽ᵐ⁻¹⁾                                      (one D×D product; dW, dU follow from M = Wᵀ U)
     dk̃_m += scale · dS_mᵀ q⁽ᵐ⁾,   dV_m += P_mᵀ dO
+Eight matrix products per (query chunk, key chunk) pair: the replayed carry, S, dP, dV, dk̃, dM, and λ's two
+updates (with the factors W and U it was twelve: the carry and λ's update took two each, dW and dU four).
 The states q⁽ᵐ⁾ are produced right to left but λ runs left to right, and P_m is singular when some β = 1, so
 the states cannot be recovered by inverting P_m. Each item therefore first replays the forward carry (right to
 left) and writes q⁽ᶜ⁻¹⁾ … q⁽⁰⁾ into a scratch row owned by its *program*, then runs the λ scan left to right
 reading them back. The scratch is ``programs × max_chunks × BT × D`` (fp16 for fp16/bf16 inputs): with a
 fixed number of persistent programs (a few per SM) the extra memory is O(T·D), independent of B and H, and it
 is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
-heads meet in fp32 atomics (dk̃, dV, dW, dU, dG).
+heads meet in fp32 atomics (dk̃, dV, dM, dG).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _path_fwd_kernel(
-    QS, KS, V, W, U, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX,
+    QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX,
     NC, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr,
@@ -48,6 +50,7 @@ def _path_fwd_kernel(
     rows = tl.arange(0, BT)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
+    tile_dd = dcol[:, None] * D + dcol[None, :]
     lowp = KS.dtype.element_ty
 
     q = tl.load(QS + ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :])  # fp32 [BT, D]
@@ -80,11 +83,9 @@ def _path_fwd_kernel(
         v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
-        if m > 0:  # move the queries across chunk m: q ← q − (q Wᵀ) U
-            wm = tl.load(W + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
-            um = tl.load(U + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
-            z = tl.dot(ql, tl.trans(wm), input_precision=PREC)
-            q = q - tl.dot(z.to(lowp), um, input_precision=PREC)
+        if m > 0:  # move the queries across chunk m: q ← q − q M_m
+            trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+            q = q - tl.dot(ql, trans_m, input_precision=PREC)
 
     o = acc / l_i[:, None]
     tl.store(O + ((h * NC + n) * BT + rows[:, None]) * DV + vcol[None, :], o.to(O.dtype.element_ty))
@@ -106,8 +107,8 @@ def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
 
 @triton.jit
 def _path_bwd_kernel(
-    QS, KS, V, W, U, SD, GL, GO, DO, LSE, DELTA,
-    DQS, DKS, DVV, DW, DU, DSD, DG, SCRATCH,
+    QS, KS, V, M, SD, GL, GO, DO, LSE, DELTA,
+    DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -120,10 +121,11 @@ def _path_bwd_kernel(
     rows = tl.arange(0, BT)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
-    lowp = KS.dtype.element_ty  # q-states, k̃, W, U inside the scan
+    lowp = KS.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
     tile_v = rows[:, None] * DV + vcol[None, :]
+    tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
 
     for item in range(pid, n_items, nprog):
@@ -141,10 +143,8 @@ def _path_bwd_kernel(
             ql = q.to(lowp)
             tl.store(scratch + m * BT * D + tile_d, ql)
             if m > 0:
-                wm = tl.load(W + (hk * NC + kn) * BT * D + tile_d)
-                um = tl.load(U + (hk * NC + kn) * BT * D + tile_d)
-                z = tl.dot(ql, tl.trans(wm), input_precision=PREC)
-                q = q - tl.dot(z.to(lowp), um, input_precision=PREC)
+                trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+                q = q - tl.dot(ql, trans_m, input_precision=PREC)
         tl.debug_barrier()  # scratch writes visible to the whole program
 
         do = tl.load(DO + (h * NC + n) * BT * DV + tile_v)
@@ -178,17 +178,11 @@ def _path_bwd_kernel(
             if HAS_GATE:
                 dg_row += tl.sum(ds, 1)
                 _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
-            if m > 0:  # transition P_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                wm = tl.load(W + (hk * NC + kn) * BT * D + tile_d)
-                um = tl.load(U + (hk * NC + kn) * BT * D + tile_d)
-                wf = wm.to(tl.float32)
-                y = tl.dot(lam, tl.trans(um.to(tl.float32)), input_precision=PREC32)  # λ Uᵀ   [BT, BT]
-                z = tl.dot(ql, tl.trans(wm), input_precision=PREC)  # q Wᵀ               [BT, BT]
-                _accumulate(NO_ATOMICS, ACQ_REL, DW + (hk * NC + kn) * BT * D + tile_d,
-                              -tl.dot(tl.trans(y), ql.to(tl.float32), input_precision=PREC32))
-                _accumulate(NO_ATOMICS, ACQ_REL, DU + (hk * NC + kn) * BT * D + tile_d,
-                              -tl.dot(tl.trans(z), lam, input_precision=PREC32))
-                lam = lam - tl.dot(y, wf, input_precision=PREC32)
+            if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
+                mf = tl.load(M + (hk * NC + kn) * D * D + tile_dd).to(tl.float32)
+                _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
+                              -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                lam = lam - tl.dot(lam, tl.trans(mf), input_precision=PREC32)  # λ Pᵀ = λ − λ Mᵀ
             lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)

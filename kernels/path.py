@@ -53,7 +53,7 @@ def _launch_config(kind: str, D: int, DV: int):
 
 
 def _lowp(dtype):
-    """Dtype of the carried states, k̃, W and U inside the scan: fp16 for half inputs (bf16's 8-bit mantissa
+    """Dtype of the carried states, k̃ and the transitions M inside the scan: fp16 for half inputs (bf16's 8-bit mantissa
     is too coarse for the low-rank factors; the public kernel's NaN fixes made the same choice), fp32 else."""
     return torch.float16 if dtype in (torch.float16, torch.bfloat16) else torch.float32
 
@@ -68,18 +68,18 @@ def _lowp(dtype):
 # stays traceable, so Inductor can fuse it. The schemas are spelled out so that no annotation parsing is needed.
 
 _FWD_SCHEMA = (
-    "(Tensor qs, Tensor ks, Tensor v, Tensor w, Tensor u, Tensor sd, Tensor? gl, Tensor? go, "
+    "(Tensor qs, Tensor ks, Tensor v, Tensor m, Tensor sd, Tensor? gl, Tensor? go, "
     "Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, float scale, int programs) "
     "-> (Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
-    "(Tensor do, Tensor qs, Tensor ks, Tensor v, Tensor w, Tensor u, Tensor sd, Tensor? gl, Tensor? go, "
+    "(Tensor do, Tensor qs, Tensor ks, Tensor v, Tensor m, Tensor sd, Tensor? gl, Tensor? go, "
     "Tensor o, Tensor lse, Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, float scale, "
-    "int programs) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "int programs) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
-def _scan_fwd_impl(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
+def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
     """Forward scan: o ``[H, NC, BT, Dv]`` (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32).
 
     ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
@@ -92,7 +92,7 @@ def _scan_fwd_impl(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order,
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
     qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
-    ks_l, w_l, u_l = ks.to(lowp).contiguous(), w.to(lowp).contiguous(), u.to(lowp).contiguous()
+    ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     o = torch.full((H, NC, BT, DV), float("nan"), dtype=v.dtype, device=v.device)
     lse = torch.full((H, NC, BT), float("nan"), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
@@ -100,7 +100,7 @@ def _scan_fwd_impl(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order,
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
     _path_fwd_kernel[(NC, H)](
-        qs, ks_l, v, w_l, u_l, sd, gl_, go_, o, lse, chunk_first, chunk_index,
+        qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index,
         NC, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         num_warps=num_warps, num_stages=num_stages,
@@ -108,15 +108,15 @@ def _scan_fwd_impl(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order,
     return o, lse
 
 
-def _scan_fwd_fake(qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
+def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
     H, NC, BT, _ = qs.shape
     return (v.new_empty((H, NC, BT, v.shape[-1])),
             torch.empty((H, NC, BT), dtype=torch.float32, device=v.device))
 
 
-def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
+def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs):
-    """Backward scan: (dq̃, dk̃, dV, dW, dU, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
+    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
     tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs."""
     from ._triton_path import _path_bwd_kernel
 
@@ -125,7 +125,7 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
     qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
-    ks_l, w_l, u_l = ks.to(lowp).contiguous(), w.to(lowp).contiguous(), u.to(lowp).contiguous()
+    ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()
     delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
     dev = qs.device
@@ -134,8 +134,7 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
     dsd = torch.full((H, NC, BT, BT), float("nan"), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
     dv = torch.zeros((Hkv, NC, BT, DV), **f32)
-    dw = torch.zeros((Hkv, NC, BT, D), **f32)
-    du = torch.zeros((Hkv, NC, BT, D), **f32)
+    dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
@@ -144,9 +143,9 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
     programs = max(1, min(n_items, programs))
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
-        qs, ks_l, v, w_l, u_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
         do, lse, delta,
-        dqs, dks, dv, dw, du, dsd, dg if has_gate else dqs, scratch,
+        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
@@ -154,18 +153,18 @@ def _scan_bwd_impl(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_i
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
-    return dqs, dks, dv.to(v.dtype), dw, du, dsd, dg
+    return dqs, dks, dv.to(v.dtype), dm, dsd, dg
 
 
-def _scan_bwd_fake(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
+def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs):
     H, NC, BT, D = qs.shape
     Hkv, DV = v.shape[0], v.shape[-1]
     f32 = dict(dtype=torch.float32, device=qs.device)
     dg = torch.empty((H, NC, BT), **f32) if gl is not None else torch.empty((0,), **f32)
     return (torch.empty((H, NC, BT, D), **f32), torch.empty((Hkv, NC, BT, D), **f32),
-            v.new_empty((Hkv, NC, BT, DV)), torch.empty((Hkv, NC, BT, D), **f32),
-            torch.empty((Hkv, NC, BT, D), **f32), torch.empty((H, NC, BT, BT), **f32), dg)
+            v.new_empty((Hkv, NC, BT, DV)), torch.empty((Hkv, NC, D, D), **f32),
+            torch.empty((H, NC, BT, BT), **f32), dg)
 
 
 _scan_fwd = torch.library.custom_op("pathlab::path_scan_fwd", _scan_fwd_impl, mutates_args=(), schema=_FWD_SCHEMA)
@@ -175,25 +174,25 @@ _scan_bwd.register_fake(_scan_bwd_fake)
 
 
 def _scan_setup_context(ctx, inputs, output):
-    qs, ks, v, w, u, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs = inputs
+    qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs = inputs
     o, lse = output
-    ctx.save_for_backward(qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order)
+    ctx.save_for_backward(qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order)
     ctx.max_chunks, ctx.scale, ctx.programs = max_chunks, scale, programs
 
 
 def _scan_backward(ctx, do, dlse):
     """Gradients of the forward op's tensor inputs from dO (the log-sum-exp is internal: its gradient is
     ignored). G = offset[chunk] + G_local, so the offsets' gradient is the per-chunk sum of dG_local."""
-    qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index, order = ctx.saved_tensors
+    qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dqs, dks, dv, dw, du, dsd, dg = _scan_bwd(do, qs, ks, v, w, u, sd, gl, go, o, lse, chunk_first, chunk_index,
+    dqs, dks, dv, dm, dsd, dg = _scan_bwd(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index,
                                               order, ctx.max_chunks, ctx.scale, ctx.programs)
     dgl = dgo = None
     if gl is not None:
         dgl = dg
         dgo = dg.sum(-1).to(torch.float64)
-    return dqs, dks, dv, dw, du, dsd, dgl, dgo, None, None, None, None, None, None
+    return dqs, dks, dv, dm, dsd, dgl, dgo, None, None, None, None, None, None
 
 
 _scan_fwd.register_autograd(_scan_backward, setup_context=_scan_setup_context)
@@ -290,10 +289,10 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     qc = to_chunks(q.to(f32), layout)
     kc, wc, vc = to_chunks(k.to(f32), layout), to_chunks(wn, layout), to_chunks(v, layout)
     bc = to_chunks(beta.to(f32), layout)
-    qs, ks, u, sd = ut_factors(qc, kc, wc, bc)
+    qs, ks, m, sd = ut_factors(qc, kc, wc, bc)
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)
-    o, _ = _scan_fwd(qs, ks, vc, wc, u, sd, gl, go, layout.chunk_first, layout.chunk_index, layout.order,
+    o, _ = _scan_fwd(qs, ks, vc, m, sd, gl, go, layout.chunk_first, layout.chunk_index, layout.order,
                      layout.max_chunks, scale, programs or 0)
     return from_chunks(o, layout).to(q.dtype)

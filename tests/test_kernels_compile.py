@@ -104,11 +104,10 @@ def test_scan_custom_ops_opcheck():
     q, k, v, w, beta, g = make(B, T, H, H, D, D, gate=True)
     layout = build_layout(B, T, 16, q.device)
     wn = torch.nn.functional.normalize(w, dim=-1)
-    qs, ks, u, sd = ut_factors(to_chunks(q, layout), to_chunks(k, layout), to_chunks(wn, layout),
+    qs, ks, m, sd = ut_factors(to_chunks(q, layout), to_chunks(k, layout), to_chunks(wn, layout),
                                to_chunks(beta, layout))
     gl, go = chunk_gate(to_chunks(g, layout), layout)
-    vc, wc = to_chunks(v, layout), to_chunks(wn, layout)
-    tensors = [t.detach() for t in (qs, ks, vc, wc, u, sd, gl, go)]
+    tensors = [t.detach() for t in (qs, ks, to_chunks(v, layout), m, sd, gl, go)]
     meta = [layout.chunk_first, layout.chunk_index, layout.order]
     fwd = torch.library.opcheck(torch.ops.pathlab.path_scan_fwd.default,
                                 [t.clone().requires_grad_() for t in tensors] + meta + [layout.max_chunks, 0.25, 2])
