@@ -4,8 +4,7 @@ Rotations act on the pairs (x[..., b], x[..., b + D/2]), b = 0 … D/2 − 1 (th
 R(φ) = [[cos φ, −sin φ], [sin φ, cos φ]].
 
 Phases are formed in fp64 and reduced mod 2π; their cos/sin are taken once and the rotation itself
-(:func:`rotate_cos_sin`) is only x₁ cos − x₂ sin, x₁ sin + x₂ cos, written as one elementwise expression over the
-head. RoPE's cos/sin depend on the position alone:
+(:func:`rotate_cos_sin`) is only x₁ cos − x₂ sin, x₁ sin + x₂ cos. RoPE's cos/sin depend on the position alone:
 :func:`rope_cos_sin` keeps them in a table per (head dim, base, device, dtype), computed once and reused by every
 layer and call, and under ``torch.compile`` the table enters the graph as a constant input (nothing of it is
 recomputed per element of q and k).
@@ -79,17 +78,12 @@ def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
     """Apply R(φ_b) (R(−φ_b) with ``inverse``) to each pair (x_b, x_{b+D/2}) given cos φ and sin φ:
     ``x [..., D]``, ``cos``/``sin`` broadcastable to ``[..., D/2]``. The arithmetic runs in cos's dtype; the result
     has x's dtype."""
-    # R(φ) x = x ∘ (cos, cos) + swap(x) ∘ (−sin, sin), swap(x₁, x₂) = (x₂, x₁): one elementwise expression over
-    # the whole head, whose gradient is the same expression for R(−φ). (Rotating the halves separately and
-    # concatenating them made Inductor's backward kernels masked loads of every half, several times slower.)
-    xw = x.to(cos.dtype)
-    sin_signed = torch.cat((sin, -sin) if inverse else (-sin, sin), dim=-1)
-    return (xw * torch.cat((cos, cos), dim=-1) + _swap_halves(xw) * sin_signed).to(x.dtype)
-
-
-def _swap_halves(x: torch.Tensor) -> torch.Tensor:
-    """(x₁, x₂) → (x₂, x₁) along the last dim: a permutation (its own inverse) that compiles to index arithmetic."""
-    return x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    work = cos.dtype
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].to(work), x[..., half:].to(work)
+    if inverse:
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
 def rotate(x: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
