@@ -181,11 +181,11 @@ def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> 
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the worker's own session: it and its compile workers
-                except ProcessLookupError:
-                    pass
+                _kill_group(proc)
                 returncode = proc.wait()
+            except BaseException:  # this process is being stopped (SIGTERM, Ctrl-C): the worker must not outlive it
+                _kill_group(proc)
+                raise
         seconds = time.perf_counter() - t0
         tail = log_path.read_text(errors="replace")[-3000:]
         if not timed_out and returncode == 0 and result_path.exists():
@@ -201,6 +201,19 @@ def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> 
         error = f"worker exited with code {returncode}: {last[-1][:500] if last else 'no output'}"
     return {"variant": variant, "error": error, "returncode": returncode, "timed_out": timed_out,
             "subprocess_s": seconds, "output_tail": tail}
+
+
+def _kill_group(proc) -> None:
+    """SIGKILL the worker's own session: it and its compile workers. A worker left running would share the GPU
+    with the measurements that follow."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_isolated, which then kills the running worker
 
 
 def run_worker(spec: str, result_path: str, args) -> int:
@@ -259,6 +272,7 @@ def main(argv=None) -> int:
         if not args.worker_out:
             raise SystemExit("--worker needs --worker-out")
         return run_worker(args.worker, args.worker_out, args)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # e.g. `timeout`: stop the running worker too
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_throughput: needs a CUDA device (or --device cpu for a dry run)", file=sys.stderr)
         return 2

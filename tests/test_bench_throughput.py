@@ -1,0 +1,57 @@
+"""The throughput benchmark's process isolation: a stopped benchmark leaves no worker behind (a worker left running
+would share the GPU with the measurements that follow)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_throughput.py"
+
+
+def _workers(token: str) -> list[int]:
+    """Pids of live benchmark workers whose command line contains ``token``."""
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if "--worker " in cmdline and token in cmdline and "zombie" not in state:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/cmdline").exists(), reason="needs Linux /proc to find the worker")
+def test_sigterm_to_the_benchmark_kills_its_running_worker(tmp_path):
+    out = tmp_path / "throughput.json"
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--variants", "nope", "--compile", "none",
+           "--layers", "1", "--width", "64", "--batch", "1", "--block", "8", "--steps", "10000000", "--warmup", "0",
+           "--variant-timeout-s", "600", "--out", str(out)]
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while not _workers(str(out)) and time.time() < deadline:
+            assert parent.poll() is None, "the benchmark exited before starting its worker"
+            time.sleep(0.2)
+        workers = _workers(str(out))
+        assert workers, "no worker process appeared within 120 s"
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) != 0
+        deadline = time.time() + 30
+        while _workers(str(out)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _workers(str(out)) == [], "the worker outlived the stopped benchmark"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in _workers(str(out)):
+            os.kill(pid, signal.SIGKILL)
