@@ -8,6 +8,8 @@ head shape: relative RMS error of o and of every gradient goes into the result f
     python benchmarks/bench_kernels.py --out benchmarks/results/kernels-h200.json
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,sdpa --decode 4096,65536
     python benchmarks/bench_kernels.py --cases '' --decode 4096,16384,65536 --out decode.json  # decode only
+    python benchmarks/bench_kernels.py --cases '' --decode '' --profile 4096x12x64 --out profile.json
+        # fwd+bwd time by kernel: the Triton scan against the per-token PyTorch work around it
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -173,6 +175,36 @@ def bench_case(T, H, D, methods, device, tokens):
         rows.append(row)
         torch.cuda.empty_cache()
     return rows
+
+
+SCAN_KERNELS = ("_path_fwd_kernel", "_path_bwd_kernel")  # the Triton scan; everything else is per-token work
+
+
+def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
+    """Time per forward+backward of ``method`` at one case, by kernel (``pathlab.profiling.time_by_kernel``), and
+    its split into the Triton scan kernels (``scan_ms``) and everything else (``other_ms``: layout, casts, the UT
+    transform and its backward, buffer fills). One untimed call first (compilation, autotuning)."""
+    from pathlab.profiling import time_by_kernel
+
+    device = torch.device(device)
+    B = max(1, tokens // T)
+    q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
+    for t in (q, k, v, w, beta, g):
+        t.requires_grad_()
+    fn = build_method(method, q, k, v, w, beta, g)
+    if fn is None:
+        return dict(method=method, T=T, B=B, H=H, D=D, skipped=_fla()[1])
+    leaves = _leaves(fn, method, q, k, v, w, beta, g)
+    do = torch.randn_like(fn())
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(), leaves, do)
+
+    fwd_bwd()
+    prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
+    scan = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(SCAN_KERNELS))
+    return dict(method=method, T=T, B=B, H=H, D=D, ms_per_call=prof["ms_per_call"], scan_ms=scan,
+                other_ms=prof["ms_per_call"] - scan, calls=calls, kernels=prof["kernels"][:top])
 
 
 def _leaves(fn, name, q, k, v, w, beta, g):
@@ -478,6 +510,8 @@ def main(argv=None):
     ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
+    ap.add_argument("--profile", default="",
+                    help="TxHxD cases at which to profile path and path_fox fwd+bwd by kernel (scan vs the rest)")
     ap.add_argument("--time-budget", type=float, default=0.0,
                     help="seconds; cases that would start after this are recorded as skipped (0 = no limit)")
     args = ap.parse_args(argv)
@@ -520,6 +554,16 @@ def main(argv=None):
             if errs is not None:
                 result["correctness"][f"{m}-{H}x{D}"] = errs
                 print(m, H, D, json.dumps(errs), flush=True)
+    for case in [c for c in args.profile.split(",") if c]:
+        T, H, D = (int(x) for x in case.split("x"))
+        for m in [x for x in ("path", "path_fox") if x in methods]:
+            try:
+                row = profile_case(T, H, D, m, device, args.tokens)
+            except Exception as err:  # noqa: BLE001  (record the failure, keep going)
+                row = dict(method=m, T=T, H=H, D=D, error=f"{type(err).__name__}: {err}"[:500])
+            result.setdefault("profile", []).append(row)
+            print(json.dumps({key: val for key, val in row.items() if key != "kernels"}), flush=True)
+        _write(args.out, result)
     if args.decode:  # cheap: before the long cases, so a time limit never loses it
         H, D = (int(x) for x in args.decode_shape.split("x"))
         try:

@@ -46,6 +46,7 @@ import torch
 
 import pathlab
 from pathlab.atomic import atomic_write_text
+from pathlab.profiling import time_by_kernel
 from pathlab.train import make_optimizer
 
 ORDER = ["rope", "path", "path_fox", "fox", "alibi", "nope", "rot_learned_qkv", "rot_random_qkv",
@@ -98,7 +99,7 @@ def throughput(variant: str, args) -> dict:
         loss = step()
     _sync(device)
     elapsed = time.perf_counter() - t0
-    profile = kernel_profile(step, args.profile_steps, device) if args.profile_steps else None
+    profile = time_by_kernel(step, args.profile_steps, device) if args.profile_steps else None
     out = {
         "variant": variant, "tokens_per_s": args.steps * B * T / elapsed, "ms_per_step": 1000 * elapsed / args.steps,
         "warmup_s": warm_s, "loss": float(loss), "loss_finite": math.isfinite(float(loss)),
@@ -111,27 +112,6 @@ def throughput(variant: str, args) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
-
-
-def kernel_profile(step, n_steps: int, device, top: int = 30) -> dict:
-    """Device time per training step by kernel (``torch.profiler`` over ``n_steps`` steps): the total, and the
-    ``top`` kernels by time with their share and launches per step, so two variants can be compared kernel by
-    kernel."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(n_steps):
-            step()
-        _sync(device)
-    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"] if device.type == "cuda" else []
-    time_us = lambda e: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)  # noqa: E731
-    total = sum(time_us(e) for e in kernels)
-    rows = sorted(kernels, key=time_us, reverse=True)[:top]
-    return {"steps": n_steps, "device_ms_per_step": total / 1000 / n_steps,
-            "kernels": [{"name": e.key[:160], "ms_per_step": time_us(e) / 1000 / n_steps,
-                         "share": time_us(e) / total if total else None, "calls_per_step": e.count / n_steps}
-                        for e in rows]}
 
 
 @torch.no_grad()
