@@ -8,6 +8,7 @@ no-op and the world has one process.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -77,7 +78,14 @@ def setup(device_name: str = "auto") -> DistContext:
 
 
 def teardown() -> None:
+    """Destroy the process group, after freeing what still uses it.
+
+    FSDP's module state and sharded parameters form reference cycles that outlive the training function. Left to
+    the interpreter's exit they are freed after the group is gone, and gloo can then abort the process
+    ("terminate called without an active exception"); so they are collected first, while the group is alive.
+    """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -121,19 +121,25 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _torchrun(*args):
+    """``torchrun --nproc_per_node 2 ARGS``: 2 CPU processes on the gloo backend; a crash prints every stack."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_match_one_process(corpus, tmp_path, strategy):
     cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2, distributed=strategy)
     single = train(cfg, run_dir=tmp_path / "single", progress=False)
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # The same command a user runs, under torchrun: 2 CPU processes on the gloo backend.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), "-m", "pathlab.cli", "train", "--config", str(cfg_path),
-           "--run-dir", str(tmp_path / "ddp"), "--no-progress"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The same command a user runs, under torchrun.
+    _torchrun("-m", "pathlab.cli", "train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "ddp"),
+              "--no-progress")
     a, va = _losses(single)
     b, vb = _losses(tmp_path / "ddp")
     assert len(b) == 3
@@ -143,6 +149,34 @@ def test_two_processes_match_one_process(corpus, tmp_path, strategy):
     mb, _ = load_run(tmp_path / "ddp")
     for pa, pb in zip(ma.parameters(), mb.parameters()):
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-6)
+
+
+FSDP_SURVIVORS = """
+import gc, sys
+import torch.distributed as dist
+from pathlab.cli import main
+
+destroy = dist.destroy_process_group
+def counting_destroy(*args, **kwargs):
+    alive = sum(type(o).__name__ in ("FSDPState", "FSDPParamGroup", "DTensor") for o in gc.get_objects())
+    print(f"rank {dist.get_rank()}: {alive} FSDP objects alive when the process group is destroyed", flush=True)
+    destroy(*args, **kwargs)
+dist.destroy_process_group = counting_destroy
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_fsdp_state_is_freed_while_the_process_group_lives(corpus, tmp_path):
+    """FSDP's reference cycles, freed only after the group is destroyed, can make gloo abort the process at exit."""
+    cfg = tiny_config(corpus, max_iters=2, eval_interval=0, ckpt_interval=0, grad_accum=2, distributed="fsdp")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    driver = tmp_path / "driver.py"
+    driver.write_text(FSDP_SURVIVORS)
+    proc = _torchrun(str(driver), "train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "run"),
+                     "--no-progress")
+    reports = sorted(line for line in proc.stdout.splitlines() if "FSDP objects alive" in line)
+    assert reports == [f"rank {r}: 0 FSDP objects alive when the process group is destroyed" for r in (0, 1)]
 
 
 def test_learning_rate_schedule_matches_nanogpt():
