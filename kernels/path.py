@@ -4,7 +4,8 @@ s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j + (G_i − G_j),  H_t = I �
 
 (the gate is not multiplied by ``scale``: FoX's convention, the same as :func:`pathlab.reference.path_attention`).
 
-Pipeline (all differentiable): chunk layout (``_layout``) → per-chunk UT transform in fp32 PyTorch (``_ut``) →
+Pipeline (all differentiable): chunk layout (``_layout``) → per-chunk UT transform in fp32, PyTorch (``_ut``)
+or fused Triton kernels (``_triton_ut``, ``ut="triton"``) →
 Triton scan (``_triton_path``) → back to ``[B, T, H, Dv]``. The scan's forward and backward are the custom ops
 ``pathlab::path_scan_fwd`` / ``pathlab::path_scan_bwd`` joined by ``register_autograd``, so ``torch.compile``
 treats them as opaque calls (no graph break, no tracing into the kernels) and traces and fuses the rest. Extra
@@ -251,8 +252,26 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+UT_BACKENDS = ("torch", "triton")
+
+
+def _ut_function(name):
+    """The per-chunk UT transform: ``"torch"`` (PyTorch ops, autograd keeps every intermediate; the default) or
+    ``"triton"`` (two fused kernels, the backward recomputes the intermediates from the inputs). ``None`` reads
+    ``PATHLAB_PATH_UT`` (so that benchmarks of whole models can switch it), default ``"torch"``."""
+    if name is None:
+        name = os.environ.get("PATHLAB_PATH_UT") or "torch"
+    if name == "torch":
+        return ut_factors
+    if name == "triton":
+        from ._triton_ut import ut_factors_triton
+
+        return ut_factors_triton
+    raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
+
+
 def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, block_size=None,
-                          programs=None):
+                          programs=None, ut=None):
     """PaTH (PaTH-FoX with ``g``) attention by the Triton kernel, differentiable in every input.
 
     Args:
@@ -267,11 +286,15 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         block_size: chunk length BT (default 64; small values such as 16 exercise the chunking in tests).
         programs: persistent programs of the backward (default: a few per SM); the scratch is
             programs × (longest sequence) × D.
+        ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops) or ``"triton"`` (fused kernels,
+            ``_triton_ut``; same results within fp32 rounding, and its backward keeps only the inputs);
+            default: the environment variable ``PATHLAB_PATH_UT``, else ``"torch"``.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
+    ut_factors_fn = _ut_function(ut)
     B, T, H, D = q.shape
     scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):
@@ -289,7 +312,7 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     qc = to_chunks(q.to(f32), layout)
     kc, wc, vc = to_chunks(k.to(f32), layout), to_chunks(wn, layout), to_chunks(v, layout)
     bc = to_chunks(beta.to(f32), layout)
-    qs, ks, m, sd = ut_factors(qc, kc, wc, bc)
+    qs, ks, m, sd = ut_factors_fn(qc, kc, wc, bc)
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)

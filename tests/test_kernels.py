@@ -40,11 +40,11 @@ def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True):
     return q, k, v, w, beta, g
 
 
-def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3):
+def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3, ut="torch"):
     q, k, v, w, beta, g = inputs
     leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta) + ((g,) if g is not None else ())]
     o = path_attention_triton(*leaves[:5], leaves[5] if g is not None else None,
-                              cu_seqlens=cu_seqlens, block_size=block_size, programs=programs)
+                              cu_seqlens=cu_seqlens, block_size=block_size, programs=programs, ut=ut)
     do = torch.randn_like(o.float())
     got = [o] + list(torch.autograd.grad(o, leaves, do.to(o.dtype)))
 
@@ -87,12 +87,21 @@ def test_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
+@pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block",
+                         [CASES[i] for i in (0, 1, 3, 6, 7)])
+def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
+    """The whole kernel with the UT transform in Triton (``ut="triton"``) instead of PyTorch ops."""
+    inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_varlen_packed_sequences(dtype):
     lengths = [1, 15, 60, 16]  # a single token, one short of a chunk, a long one, exactly one chunk
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = make(1, sum(lengths), 4, 2, 16, 32, dtype, gate=True)
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=2)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=2, ut="triton")
 
 
 def test_non_contiguous_inputs():

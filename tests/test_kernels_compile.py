@@ -9,6 +9,7 @@ code generation, which takes minutes on a shared 2-core CPU). On the CPU ``backe
 blockwise PyTorch path; the compiled model with the Triton kernel runs on the GPU (see docs/kernels.md).
 """
 
+import importlib
 import os
 
 import pytest
@@ -115,6 +116,35 @@ def test_scan_custom_ops_opcheck():
     o, lse = torch.ops.pathlab.path_scan_fwd(*tensors, *meta, layout.max_chunks, 0.25, 2)
     bwd = torch.library.opcheck(torch.ops.pathlab.path_scan_bwd.default,
                                 [torch.randn_like(o)] + tensors + [o, lse] + meta + [layout.max_chunks, 0.25, 2],
+                                test_utils=("test_schema", "test_faketensor"))
+    assert set(bwd.values()) == {"SUCCESS"}, bwd
+
+
+def test_compiled_kernel_with_fused_ut_transform_is_one_graph():
+    """``ut="triton"``: the UT transform's kernels are custom ops too, so the graph stays whole."""
+    inputs = make(1, 37, 4, 2, 16, 16, gate=True)
+
+    def fn(q, k, v, w, beta, g):
+        return path_attention_triton(q, k, v, w, beta, g, block_size=16, programs=2, ut="triton")
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    assert_same(outputs_and_grads(compiled, inputs), outputs_and_grads(fn, inputs), NAMES)
+
+
+def test_ut_custom_ops_opcheck():
+    """``torch.library.opcheck`` of the fused UT transform's forward op (with its autograd) and backward op."""
+    importlib.import_module("pathlab.kernels._triton_ut")  # registers the ops
+
+    gen = torch.Generator().manual_seed(3)
+    H, Hkv, NC, BT, D = 2, 1, 2, 16, 16
+    q, k = torch.randn(H, NC, BT, D, generator=gen), torch.randn(Hkv, NC, BT, D, generator=gen)
+    w = torch.nn.functional.normalize(torch.randn(Hkv, NC, BT, D, generator=gen), dim=-1)
+    beta = 2 * torch.rand(Hkv, NC, BT, generator=gen)
+    fwd = torch.library.opcheck(torch.ops.pathlab.path_ut_fwd.default,
+                                [t.clone().requires_grad_() for t in (q, k, w, beta)])
+    assert set(fwd.values()) == {"SUCCESS"}, fwd
+    upstream = [torch.randn_like(t) for t in torch.ops.pathlab.path_ut_fwd(q, k, w, beta)]
+    bwd = torch.library.opcheck(torch.ops.pathlab.path_ut_bwd.default, upstream + [q, k, w, beta],
                                 test_utils=("test_schema", "test_faketensor"))
     assert set(bwd.values()) == {"SUCCESS"}, bwd
 

@@ -53,9 +53,12 @@ def bf16_case(T, H, Hkv, D, gate):
 @pytest.mark.parametrize("T,oracle", [(300, "reference"), (4096, "torch"), (16384, "torch")],
                          ids=["T300-ref", "T4096-blockwise64", "T16384-blockwise64"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_against_oracle(T, oracle, gate):
+@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
     import pathlab
     from pathlab.reference import path_attention as reference
+
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)  # the per-chunk UT transform: PyTorch ops or the fused kernels
 
     H, Hkv, D = (4, 2, 64) if T <= 4096 else (2, 1, 64)
     leaves, do, fast = bf16_case(T, H, Hkv, D, gate)
@@ -70,7 +73,7 @@ def test_bf16_against_oracle(T, oracle, gate):
     want = grads_of(slow, leaves, do.double())
     names = ["o", "dq", "dk", "dv", "dw", "dbeta"] + (["dg"] if gate else [])
     errs = {n: rel_rms(a, b) for n, a, b in zip(names, got, want)}
-    print(f"T={T} gate={gate} errors: {errs}")
+    print(f"T={T} gate={gate} ut={ut} errors: {errs}")
     for n, e in errs.items():
         assert e <= TOL[n], f"{n}: relative RMS error {e:.3g} > {TOL[n]} (all: {errs})"
 
