@@ -9,7 +9,9 @@ head shape: relative RMS error of o and of every gradient goes into the result f
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,sdpa --decode 4096,65536
     python benchmarks/bench_kernels.py --cases '' --decode 4096,16384,65536 --out decode.json  # decode only
     python benchmarks/bench_kernels.py --cases '' --decode '' --profile 4096x12x64 --out profile.json
-        # fwd+bwd time by kernel: the Triton scan against the per-token PyTorch work around it
+        # fwd+bwd time by kernel: the Triton scan against the per-token work around it
+    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path_ut_triton,sdpa --decode ''
+        # the UT transform in PyTorch ops against the fused kernels (``ut="triton"``), side by side
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -30,7 +32,9 @@ from pathlab.atomic import atomic_write_text
 
 DEFAULT_CASES = "1024x12x64,4096x12x64,16384x12x64,65536x12x64,1024x16x128,4096x16x128,16384x16x128,65536x16x128"
 FLEX_MAX_T = 16384  # FlexAttention is compiled per shape; the anchors stop at 16K
-METHODS = ("path", "path_fox", "sdpa", "flex_alibi", "fla_path", "fla_path_fox", "fla_fox")
+METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "sdpa", "flex_alibi", "fla_path",
+           "fla_path_fox", "fla_fox")
+PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton")  # ours: checked, profiled
 
 
 def rel_rms(a, b):
@@ -65,6 +69,11 @@ def build_method(name, q, k, v, w, beta, g):
     if name in ("path", "path_fox"):
         gate = g if name == "path_fox" else None
         return lambda: pathlab.path_attention(q, k, v, w, beta, gate, backend="triton")
+    if name in ("path_ut_triton", "path_fox_ut_triton"):  # the same kernel with the fused UT transform
+        from pathlab.kernels import path_attention_triton
+
+        gate = g if name == "path_fox_ut_triton" else None
+        return lambda: path_attention_triton(q, k, v, w, beta, gate, ut="triton")  # w, β, g are fp32 already
     if name == "sdpa":
         qt, kt, vt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v))
         return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
@@ -102,10 +111,10 @@ def check_correctness(name, H, D, device, T=256):
     """Relative RMS errors of o and every gradient against the fp64 reference (B=1, T=256, β ∈ [1.5, 2])."""
     from pathlab.reference import path_attention as reference
 
-    if name not in ("path", "path_fox", "fla_path", "fla_path_fox"):
+    if name not in PATH_METHODS + ("fla_path", "fla_path_fox"):
         return None
     q, k, v, w, beta, g = make_inputs(1, T, H, D, device=device, seed=1, beta_range=(1.5, 2.0))
-    gate = g if name.endswith("fox") else None
+    gate = g if "fox" in name else None
     leaves = [q, k, v, w, beta] + ([gate] if gate is not None else [])
     leaves = [t.detach().requires_grad_() for t in leaves]
     fn = build_method(name, *leaves[:5], leaves[5] if gate is not None else g)
@@ -178,12 +187,14 @@ def bench_case(T, H, D, methods, device, tokens):
 
 
 SCAN_KERNELS = ("_path_fwd_kernel", "_path_bwd_kernel")  # the Triton scan; everything else is per-token work
+UT_KERNELS = ("_ut_fwd_kernel", "_ut_bwd_kernel")  # the fused UT transform (methods *_ut_triton)
 
 
 def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
     """Time per forward+backward of ``method`` at one case, by kernel (``pathlab.profiling.time_by_kernel``), and
-    its split into the Triton scan kernels (``scan_ms``) and everything else (``other_ms``: layout, casts, the UT
-    transform and its backward, buffer fills). One untimed call first (compilation, autotuning)."""
+    its split into the Triton scan kernels (``scan_ms``), the fused UT kernels (``ut_ms``, zero when the UT
+    transform runs as PyTorch ops) and everything else (``other_ms``: layout, casts, the PyTorch UT transform and
+    its backward, buffer fills). One untimed call first (compilation, autotuning)."""
     from pathlab.profiling import time_by_kernel
 
     device = torch.device(device)
@@ -203,14 +214,15 @@ def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
     fwd_bwd()
     prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
     scan = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(SCAN_KERNELS))
-    return dict(method=method, T=T, B=B, H=H, D=D, ms_per_call=prof["ms_per_call"], scan_ms=scan,
-                other_ms=prof["ms_per_call"] - scan, calls=calls, kernels=prof["kernels"][:top])
+    ut = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(UT_KERNELS))
+    return dict(method=method, T=T, B=B, H=H, D=D, ms_per_call=prof["ms_per_call"], scan_ms=scan, ut_ms=ut,
+                other_ms=prof["ms_per_call"] - scan - ut, calls=calls, kernels=prof["kernels"][:top])
 
 
 def _leaves(fn, name, q, k, v, w, beta, g):
     if name in ("sdpa", "flex_alibi"):
         return _closure_tensors(fn)  # the closure owns [B, H, T, D] copies of q, k, v
-    if name in ("path", "fla_path"):
+    if name in ("path", "path_ut_triton", "fla_path"):
         return [q, k, v, w, beta]
     if name == "fla_fox":
         return [q, k, v, g]
@@ -507,7 +519,8 @@ def main(argv=None):
     ap.add_argument("--decode-runs", type=int, default=10, help="timed runs of 2·R decode steps per length")
     ap.add_argument("--decode-graph", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the deferred step and plain decoding captured in CUDA graphs (default on)")
-    ap.add_argument("--check", default="path,path_fox,fla_path,fla_path_fox", help="methods checked vs reference")
+    ap.add_argument("--check", default=",".join(PATH_METHODS + ("fla_path", "fla_path_fox")),
+                    help="methods checked vs reference")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
     ap.add_argument("--profile", default="",
@@ -556,7 +569,7 @@ def main(argv=None):
                 print(m, H, D, json.dumps(errs), flush=True)
     for case in [c for c in args.profile.split(",") if c]:
         T, H, D = (int(x) for x in case.split("x"))
-        for m in [x for x in ("path", "path_fox") if x in methods]:
+        for m in [x for x in PATH_METHODS if x in methods]:
             try:
                 row = profile_case(T, H, D, m, device, args.tokens)
             except Exception as err:  # noqa: BLE001  (record the failure, keep going)

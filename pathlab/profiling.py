@@ -1,4 +1,5 @@
-"""Where the time goes: device time per kernel over a few calls of a function (``torch.profiler``).
+"""Where the time and the memory go: device time per kernel over a few calls of a function (``torch.profiler``),
+and the bytes autograd keeps for the backward (``saved_tensors_hooks``).
 
 Used by the benchmarks to compare two variants, or the parts of one, kernel by kernel.
 """
@@ -39,3 +40,27 @@ def time_by_kernel(fn, n_calls: int, device, top: int = 30) -> dict:
             "kernels": [{"name": e.key[:160], "ms_per_call": time_us(e) / 1000 / n_calls,
                          "share": time_us(e) / total if total else None, "launches_per_call": e.count / n_calls}
                         for e in rows]}
+
+
+def saved_for_backward(fn, exclude=()) -> tuple[dict, object]:
+    """Run ``fn()`` and count what autograd keeps for its backward: every tensor an op saves, once per storage.
+
+    Storages of the ``exclude`` tensors (the inputs, which exist anyway) are left out. Returns
+    ``({"bytes", "storages", "by_dtype": {dtype: bytes}}, fn())``. A saved view counts its whole storage, which
+    is what it keeps alive. The count is the same on every device, so it can be taken on a CPU.
+    """
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    kept = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in excluded and storage.nbytes() > 0:
+            kept[storage.data_ptr()] = (storage.nbytes(), str(t.dtype).replace("torch.", ""))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    by_dtype = {}
+    for nbytes, dtype in kept.values():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    return {"bytes": sum(by_dtype.values()), "storages": len(kept), "by_dtype": by_dtype}, out

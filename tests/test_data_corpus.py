@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import lzma
 import os
 import struct
 import tarfile

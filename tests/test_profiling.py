@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from pathlab.profiling import time_by_kernel
+from pathlab.profiling import saved_for_backward, time_by_kernel
 
 
 def test_time_by_kernel_counts_operators_per_call_on_cpu():
@@ -32,6 +32,21 @@ def test_profile_case_splits_scan_and_rest():
     # the Triton backend takes CUDA tensors only, so on a CPU the plumbing is checked with SDPA (no scan kernels)
     row = bench.profile_case(64, 2, 16, "sdpa", "cpu", tokens=128, calls=1, top=5)
     assert row["B"] == 2 and row["ms_per_call"] > 0 and len(row["kernels"]) == 5
-    assert row["scan_ms"] == 0 and row["other_ms"] == pytest.approx(row["ms_per_call"])
-    source = (path.parents[1] / "kernels" / "_triton_path.py").read_text()  # (importing it would import triton)
-    assert all(f"def {name}(" in source for name in bench.SCAN_KERNELS)  # the split looks for the real names
+    assert row["scan_ms"] == 0 and row["ut_ms"] == 0 and row["other_ms"] == pytest.approx(row["ms_per_call"])
+    for file, names in (("_triton_path.py", bench.SCAN_KERNELS), ("_triton_ut.py", bench.UT_KERNELS)):
+        source = (path.parents[1] / "kernels" / file).read_text()  # (importing it would import triton)
+        assert all(f"def {name}(" in source for name in names)  # the split looks for the real names
+
+
+def test_saved_for_backward_counts_each_storage_once():
+    x = torch.randn(100, 10, requires_grad=True)  # an input: excluded
+    w = torch.randn(10, 10, dtype=torch.float64, requires_grad=True)
+
+    def fn():
+        h = x.double() @ w  # saves x.double() (8000 bytes) and w (excluded below)
+        return (h * h).sum()  # saves h once, though it is both operands (8000 bytes)
+
+    saved, out = saved_for_backward(fn, exclude=(x, w))
+    assert saved == {"bytes": 16000, "storages": 2, "by_dtype": {"float64": 16000}}
+    assert torch.isfinite(out)
+    assert saved_for_backward(fn)[0]["bytes"] == 16000 + 800  # w now counts (x itself is never saved)
