@@ -94,6 +94,19 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
 _build_layout_eager = torch.compiler.disable(build_layout)
 
 
+def slot_tokens(layout: ChunkLayout, batch: int, length: int) -> torch.Tensor:
+    """int64 ``[NC·BT]``: the flat token index b·T + t that each row of the chunk layout holds, ``B·T`` for padding.
+
+    Kernels that gather their rows straight from ``[B, T, ...]`` tensors read this instead of a chunk copy.
+    """
+    if not layout.simple:
+        return layout.token_of_slot  # packed: B == 1, padding = the number of tokens
+    rows_per_seq = layout.n_chunks // max(batch, 1) * layout.chunk
+    slot = torch.arange(layout.n_chunks * layout.chunk, device=layout.chunk_index.device)
+    b, t = slot // rows_per_seq, slot % rows_per_seq
+    return torch.where(t < length, b * length + t, batch * length)
+
+
 def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """``[B, T, H, ...]`` -> ``[H, NC, BT, ...]`` (zeros in the padding). Differentiable."""
     BT = layout.chunk

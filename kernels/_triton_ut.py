@@ -26,26 +26,43 @@ import torch
 import triton
 import triton.language as tl
 
+from ._layout import slot_tokens
+
 
 @triton.jit
-def _this_chunk(NC, BT: tl.constexpr, D: tl.constexpr):
-    """This program's chunk n and kv head hk (64-bit), row and column ranges, and the chunk's first row."""
+def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
+    """Rows ``[BT, D]`` of ``X[b, t, :]`` (X already offset to one head) for the chunk's flat tokens b·T + t,
+    in fp32, zeros for padding."""
+    ptr = X + (tok // T) * s_b + (tok % T) * s_t
+    return tl.load(ptr[:, None] + dcol[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _this_chunk(W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
+                BT: tl.constexpr, D: tl.constexpr):
+    """This program's chunk n and kv head hk, its rows' flat tokens b·T + t (NTOK for padding) and validity, and
+    its w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖, k and β."""
     n = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1).to(tl.int64)
-    return n, hk, tl.arange(0, BT), tl.arange(0, D), (hk * NC + n) * BT
+    rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
+    tok = tl.load(TOK + n * BT + rows)
+    valid = tok < NTOK
+    w_raw = _load_rows(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
+    norm = tl.sqrt(tl.sum(w_raw * w_raw, axis=1))
+    k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
+    b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
+    return n, hk, rows, dcol, tok, valid, w_raw / tl.maximum(norm, 1e-12)[:, None], norm, k, b
 
 
 @triton.jit
-def _chunk_factors(W, K, BETA, base, rows, dcol, BT: tl.constexpr, D: tl.constexpr):
-    """Load one chunk's w, k ``[BT, D]`` and β ``[BT]``; return them with W Wᵀ, A, A D_β, U, strictLower(W Kᵀ), X."""
-    w = tl.load(W + (base + rows[:, None]) * D + dcol[None, :])
-    k = tl.load(K + (base + rows[:, None]) * D + dcol[None, :])
-    b = tl.load(BETA + base + rows)
+def _chunk_factors(w, k, b, rows, BT: tl.constexpr):
+    """W Wᵀ, A = (I + strictLower(D_β W Wᵀ))⁻¹, A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
     strict = rows[:, None] > rows[None, :]
     gram = tl.dot(w, tl.trans(w), input_precision="ieee")
     n = tl.where(strict, b[:, None] * gram, 0.0)
     a = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, BT):  # forward substitution: row i of A from the finished rows j < i
+    for i in range(1, BT):  # forward substitution: row i of A from the finished rows j < i (N[i, j ≥ i] = 0)
         n_i = tl.sum(tl.where(rows[:, None] == i, n, 0.0), axis=0)  # N[i, :]
         a_i = tl.sum(n_i[:, None] * a, axis=0)
         a = tl.where(rows[:, None] == i, a - a_i[None, :], a)
@@ -53,35 +70,44 @@ def _chunk_factors(W, K, BETA, base, rows, dcol, BT: tl.constexpr, D: tl.constex
     u = tl.dot(ad, w, input_precision="ieee")
     wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision="ieee"), 0.0)
     x = tl.dot(ad, wk, input_precision="ieee")
-    return w, k, b, gram, a, ad, u, wk, x
+    return gram, a, ad, u, wk, x
 
 
 @triton.jit
-def _ut_fwd_kernel(Q, K, W, BETA, QS, KS, M, SD, NC, GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr):
-    n, hk, rows, dcol, base = _this_chunk(NC, BT, D)
-    w, k, b, gram, a, ad, u, wk, x = _chunk_factors(W, K, BETA, base, rows, dcol, BT, D)
-    k_end = k - tl.dot(tl.trans(x), w, input_precision="ieee")
-    tl.store(KS + (base + rows[:, None]) * D + dcol[None, :], k_end)
-    transition = tl.dot(tl.trans(w), u, input_precision="ieee")
-    tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :], transition)
+def _ut_fwd_kernel(
+    Q, K, W, BETA, TOK, QS, KS, M, SD, NC, T, NTOK,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+):
+    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
+        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    gram, a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision="ieee"))
+    tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
+             tl.dot(tl.trans(w), u, input_precision="ieee"))
     lower = rows[:, None] >= rows[None, :]
     for gi in range(GROUP):
-        qbase = ((hk * GROUP + gi) * NC + n) * BT
-        q = tl.load(Q + (qbase + rows[:, None]) * D + dcol[None, :])
+        h = hk * GROUP + gi
+        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
         qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision="ieee"), 0.0)
-        q_start = q - tl.dot(qw, u, input_precision="ieee")
-        tl.store(QS + (qbase + rows[:, None]) * D + dcol[None, :], q_start)
+        qrow = (h * NC + n) * BT + rows[:, None]
+        tl.store(QS + qrow * D + dcol[None, :], q - tl.dot(qw, u, input_precision="ieee"))
         s = tl.dot(q, tl.trans(k), input_precision="ieee") - tl.dot(qw, x, input_precision="ieee")
-        tl.store(SD + (qbase + rows[:, None]) * BT + rows[None, :], s)
+        tl.store(SD + qrow * BT + rows[None, :], s)
 
 
 @triton.jit
-def _ut_bwd_kernel(Q, K, W, BETA, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC,
-                   GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr):
-    n, hk, rows, dcol, base = _this_chunk(NC, BT, D)
-    w, k, b, gram, a, ad, u, wk, x = _chunk_factors(W, K, BETA, base, rows, dcol, BT, D)
-    tile = (base + rows[:, None]) * D + dcol[None, :]
-    dk_end = tl.load(DKS + tile)
+def _ut_bwd_kernel(
+    Q, K, W, BETA, TOK, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+):
+    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
+        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    gram, a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    dk_end = tl.load(DKS + chunk)
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du = tl.dot(w, dm, input_precision="ieee")  # M = Wᵀ U
     dw = tl.dot(u, tl.trans(dm), input_precision="ieee")
@@ -90,17 +116,18 @@ def _ut_bwd_kernel(Q, K, W, BETA, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC,
     dk = dk_end
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
+    H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
-        qbase = ((hk * GROUP + gi) * NC + n) * BT
-        qtile = (qbase + rows[:, None]) * D + dcol[None, :]
-        q = tl.load(Q + qtile)
-        dq_start = tl.load(DQS + qtile)
-        ds = tl.load(DSD + (qbase + rows[:, None]) * BT + rows[None, :])
+        h = hk * GROUP + gi
+        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
+        qrow = (h * NC + n) * BT + rows[:, None]
+        dq_start = tl.load(DQS + qrow * D + dcol[None, :])
+        ds = tl.load(DSD + qrow * BT + rows[None, :])
         qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision="ieee"), 0.0)
         dqw = -tl.dot(dq_start, tl.trans(u), input_precision="ieee") - tl.dot(ds, tl.trans(x), input_precision="ieee")
         dqw = tl.where(lower, dqw, 0.0)
         dq = dq_start + tl.dot(ds, k, input_precision="ieee") + tl.dot(dqw, w, input_precision="ieee")
-        tl.store(DQ + qtile, dq)
+        tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
         du -= tl.dot(tl.trans(qw), dq_start, input_precision="ieee")
         dx -= tl.dot(tl.trans(qw), ds, input_precision="ieee")
         dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
@@ -120,9 +147,13 @@ def _ut_bwd_kernel(Q, K, W, BETA, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC,
     db += tl.sum(dn * gram, axis=1)
     dgram = dn * b[:, None]
     dw += tl.dot(dgram + tl.trans(dgram), w, input_precision="ieee")
-    tl.store(DK + tile, dk)
-    tl.store(DW + tile, dw)
-    tl.store(DBETA + base + rows, db)
+    # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
+    radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
+    dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
+    HKV = tl.num_programs(1)
+    tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
+    tl.store(DW + (tok[:, None] * HKV + hk) * D + dcol[None, :], dw, mask=valid[:, None])
+    tl.store(DBETA + tok * HKV + hk, db, mask=valid)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,72 +163,101 @@ def _launch_warps(D: int) -> int:
     return 8 if D >= 128 else 4
 
 
-def _ut_fwd_impl(q, k, w, beta):
-    H, NC, BT, D = q.shape
-    Hkv = k.shape[0]
-    q, k, w, beta = q.contiguous(), k.contiguous(), w.contiguous(), beta.contiguous()
-    qs = torch.full_like(q, float("nan"))
-    ks = torch.full_like(k, float("nan"))
-    m = torch.full((Hkv, NC, D, D), float("nan"), dtype=q.dtype, device=q.device)
-    sd = torch.full((H, NC, BT, BT), float("nan"), dtype=q.dtype, device=q.device)
+def _strides(q, k, w, beta):
+    """(b, t, head) strides of q, k, w and β; the kernels read q, k, w rows with unit stride along D."""
+    return [st for x in (q, k, w) for st in x.stride()[:3]] + list(beta.stride())
+
+
+def _unit_last(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _ut_fwd_impl(q, k, w, beta, tokens, block):
+    B, T, H, D = q.shape
+    Hkv, BT = k.shape[2], block
+    NC = tokens.numel() // BT
+    q, k, w = _unit_last(q), _unit_last(k), _unit_last(w)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    qs = torch.full((H, NC, BT, D), float("nan"), **f32)
+    ks = torch.full((Hkv, NC, BT, D), float("nan"), **f32)
+    m = torch.full((Hkv, NC, D, D), float("nan"), **f32)
+    sd = torch.full((H, NC, BT, BT), float("nan"), **f32)
     if NC > 0:
-        _ut_fwd_kernel[(NC, Hkv)](q, k, w, beta, qs, ks, m, sd, NC, GROUP=H // Hkv, BT=BT, D=D,
-                                  num_warps=_launch_warps(D))
+        _ut_fwd_kernel[(NC, Hkv)](q, k, w, beta, tokens, qs, ks, m, sd, NC, T, B * T, *_strides(q, k, w, beta),
+                                  GROUP=H // Hkv, BT=BT, D=D, num_warps=_launch_warps(D))
     return qs, ks, m, sd
 
 
-def _ut_fwd_fake(q, k, w, beta):
-    H, NC, BT, D = q.shape
-    return (torch.empty_like(q), torch.empty_like(k), q.new_empty((k.shape[0], NC, D, D)),
-            q.new_empty((H, NC, BT, BT)))
+def _ut_fwd_fake(q, k, w, beta, tokens, block):
+    H, D, Hkv = q.shape[2], q.shape[3], k.shape[2]
+    NC = tokens.numel() // block
+    f32 = dict(dtype=torch.float32, device=q.device)
+    return (torch.empty((H, NC, block, D), **f32), torch.empty((Hkv, NC, block, D), **f32),
+            torch.empty((Hkv, NC, D, D), **f32), torch.empty((H, NC, block, block), **f32))
 
 
-def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta):
-    H, NC, BT, D = q.shape
-    Hkv = k.shape[0]
-    args = [t.contiguous() for t in (q, k, w, beta, dqs, dks, dm, dsd)]
-    dq = torch.full_like(q, float("nan"))
-    dk = torch.full_like(k, float("nan"))
-    dw = torch.full_like(w, float("nan"))
-    dbeta = torch.full_like(beta, float("nan"))
+def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
+    B, T, H, D = q.shape
+    Hkv, BT = k.shape[2], block
+    NC = tokens.numel() // BT
+    q, k, w = _unit_last(q), _unit_last(k), _unit_last(w)
+    grads = [t.contiguous() for t in (dqs, dks, dm, dsd)]
+    # every token sits in exactly one chunk row, so the kernel writes every element (NaN shows one it missed)
+    dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
+    dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        _ut_bwd_kernel[(NC, Hkv)](*args, dq, dk, dw, dbeta, NC, GROUP=H // Hkv, BT=BT, D=D,
-                                  num_warps=_launch_warps(D))
+        _ut_bwd_kernel[(NC, Hkv)](q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
+                                  *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, num_warps=_launch_warps(D))
     return dq, dk, dw, dbeta
 
 
-def _ut_bwd_fake(dqs, dks, dm, dsd, q, k, w, beta):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(w), torch.empty_like(beta)
+def _ut_bwd_fake(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w, beta))
 
 
-_ut_fwd = torch.library.custom_op("pathlab::path_ut_fwd", _ut_fwd_impl, mutates_args=(),
-                                  schema="(Tensor q, Tensor k, Tensor w, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)")
+_ut_fwd = torch.library.custom_op(
+    "pathlab::path_ut_fwd", _ut_fwd_impl, mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor tokens, int block) -> (Tensor, Tensor, Tensor, Tensor)",
+)
 _ut_fwd.register_fake(_ut_fwd_fake)
 _ut_bwd = torch.library.custom_op(
     "pathlab::path_ut_bwd", _ut_bwd_impl, mutates_args=(),
-    schema="(Tensor dqs, Tensor dks, Tensor dm, Tensor dsd, Tensor q, Tensor k, Tensor w, Tensor beta) "
-           "-> (Tensor, Tensor, Tensor, Tensor)",
+    schema="(Tensor dqs, Tensor dks, Tensor dm, Tensor dsd, Tensor q, Tensor k, Tensor w, Tensor beta, "
+           "Tensor tokens, int block) -> (Tensor, Tensor, Tensor, Tensor)",
 )
 _ut_bwd.register_fake(_ut_bwd_fake)
 
 
 def _ut_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)  # only the inputs: the backward recomputes the rest
+    q, k, w, beta, tokens, block = inputs
+    ctx.save_for_backward(q, k, w, beta, tokens)  # only the inputs: the backward recomputes the rest
+    ctx.block = block
 
 
 def _ut_backward(ctx, dqs, dks, dm, dsd):
-    q, k, w, beta = ctx.saved_tensors
-    H, NC, BT, D = q.shape
-    dqs = torch.zeros_like(q) if dqs is None else dqs  # an output that did not reach the loss
-    dks = torch.zeros_like(k) if dks is None else dks
-    dm = q.new_zeros((k.shape[0], NC, D, D)) if dm is None else dm
-    dsd = q.new_zeros((H, NC, BT, BT)) if dsd is None else dsd
-    return _ut_bwd(dqs, dks, dm, dsd, q, k, w, beta)
+    q, k, w, beta, tokens = ctx.saved_tensors
+    H, D, Hkv, BT = q.shape[2], q.shape[3], k.shape[2], ctx.block
+    NC = tokens.numel() // BT
+    f32 = dict(dtype=torch.float32, device=q.device)
+    # an output that did not reach the loss has no gradient: count it as zero
+    dqs = torch.zeros((H, NC, BT, D), **f32) if dqs is None else dqs
+    dks = torch.zeros((Hkv, NC, BT, D), **f32) if dks is None else dks
+    dm = torch.zeros((Hkv, NC, D, D), **f32) if dm is None else dm
+    dsd = torch.zeros((H, NC, BT, BT), **f32) if dsd is None else dsd
+    return (*_ut_bwd(dqs, dks, dm, dsd, q, k, w, beta, tokens, BT), None, None)
 
 
 _ut_fwd.register_autograd(_ut_backward, setup_context=_ut_setup_context)
 
 
-def ut_factors_triton(q, k, w, beta):
-    """:func:`kernels._ut.ut_factors` by the fused kernels: same shapes (fp32 inputs, w unit-norm), same outputs."""
-    return _ut_fwd(q, k, w, beta)
+def ut_factors_triton(q, k, w, beta, layout):
+    """The UT factors of :func:`kernels._ut.ut_factors`, read straight from the token layout.
+
+    q ``[B, T, H, D]``, k and raw (unnormalised) w ``[B, T, Hkv, D]``, beta ``[B, T, Hkv]``, any float dtype
+    and strides; ``layout`` from :func:`kernels._layout.build_layout`. The kernels gather each chunk's rows, cast
+    them to fp32 and normalise w, so no chunk-layout copy of the inputs is made or kept for the backward.
+    Returns q̃ ``[H, NC, BT, D]``, k̃ ``[Hkv, NC, BT, D]``, M ``[Hkv, NC, D, D]``, S_d ``[H, NC, BT, BT]`` (fp32),
+    as ``ut_factors(to_chunks(q), to_chunks(k), to_chunks(normalize(w)), to_chunks(beta))``.
+    """
+    B, T = q.shape[:2]
+    return _ut_fwd(q, k, w, beta, slot_tokens(layout, B, T), layout.chunk)

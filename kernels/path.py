@@ -255,19 +255,23 @@ def _interpreting() -> bool:
 UT_BACKENDS = ("torch", "triton")
 
 
-def _ut_function(name):
-    """The per-chunk UT transform: ``"torch"`` (PyTorch ops, autograd keeps every intermediate; the default) or
-    ``"triton"`` (two fused kernels, the backward recomputes the intermediates from the inputs). ``None`` reads
-    ``PATHLAB_PATH_UT`` (so that benchmarks of whole models can switch it), default ``"torch"``."""
+def _ut_factors(name, q, k, w, beta, layout):
+    """q̃, k̃, M, S_d of every chunk (fp32), by the UT transform named ``name``: ``"torch"`` (PyTorch ops on
+    fp32 chunk-layout copies; autograd keeps every intermediate) or ``"triton"`` (two fused kernels that read
+    the inputs in place; the backward recomputes from them). ``None`` reads ``PATHLAB_PATH_UT`` (so that
+    benchmarks of whole models can switch it), default ``"torch"``."""
     if name is None:
         name = os.environ.get("PATHLAB_PATH_UT") or "torch"
-    if name == "torch":
-        return ut_factors
     if name == "triton":
         from ._triton_ut import ut_factors_triton
 
-        return ut_factors_triton
-    raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
+        return ut_factors_triton(q, k, w, beta, layout)
+    if name != "torch":
+        raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
+    f32 = torch.float32
+    wn = torch.nn.functional.normalize(w.to(f32), dim=-1)
+    chunks = [to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))]
+    return ut_factors(*chunks)
 
 
 def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, block_size=None,
@@ -294,7 +298,6 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         o ``[B, T, H, Dv]`` in q's dtype.
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
-    ut_factors_fn = _ut_function(ut)
     B, T, H, D = q.shape
     scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):
@@ -308,11 +311,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     if programs is not None and (not isinstance(programs, int) or programs < 1):
         raise ValueError(f"programs must be a positive int or None, got {programs!r}")
     f32 = torch.float32
-    wn = torch.nn.functional.normalize(w.to(f32), dim=-1)
-    qc = to_chunks(q.to(f32), layout)
-    kc, wc, vc = to_chunks(k.to(f32), layout), to_chunks(wn, layout), to_chunks(v, layout)
-    bc = to_chunks(beta.to(f32), layout)
-    qs, ks, m, sd = ut_factors_fn(qc, kc, wc, bc)
+    qs, ks, m, sd = _ut_factors(ut, q, k, w, beta, layout)
+    vc = to_chunks(v, layout)
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)

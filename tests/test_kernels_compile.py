@@ -70,11 +70,12 @@ def test_compiled_kernel_matches_eager_inductor_fullgraph(gate):
     assert_same(got, want, NAMES)
 
 
-def test_compiled_kernel_dynamic_lengths():
+@pytest.mark.parametrize("ut", ["torch", "triton"])
+def test_compiled_kernel_dynamic_lengths(ut):
     """``dynamic=True``: one graph with a symbolic length serves T = 21 and 50 (layout built from the shapes)."""
 
     def fn(q, k, v, w, beta, g):
-        return path_attention_triton(q, k, v, w, beta, g, block_size=16, programs=2)
+        return path_attention_triton(q, k, v, w, beta, g, block_size=16, programs=2, ut=ut)
 
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=True)
     for T in (21, 50):
@@ -133,18 +134,17 @@ def test_compiled_kernel_with_fused_ut_transform_is_one_graph():
 
 def test_ut_custom_ops_opcheck():
     """``torch.library.opcheck`` of the fused UT transform's forward op (with its autograd) and backward op."""
-    importlib.import_module("pathlab.kernels._triton_ut")  # registers the ops
+    from pathlab.kernels._layout import build_layout, slot_tokens
 
-    gen = torch.Generator().manual_seed(3)
-    H, Hkv, NC, BT, D = 2, 1, 2, 16, 16
-    q, k = torch.randn(H, NC, BT, D, generator=gen), torch.randn(Hkv, NC, BT, D, generator=gen)
-    w = torch.nn.functional.normalize(torch.randn(Hkv, NC, BT, D, generator=gen), dim=-1)
-    beta = 2 * torch.rand(Hkv, NC, BT, generator=gen)
+    importlib.import_module("pathlab.kernels._triton_ut")  # registers the ops
+    B, T, H, Hkv, D = 1, 20, 2, 1, 16
+    q, k, v, w, beta, _ = make(B, T, H, Hkv, D, D, gate=False, seed=3)
+    tokens = slot_tokens(build_layout(B, T, 16, q.device), B, T)
     fwd = torch.library.opcheck(torch.ops.pathlab.path_ut_fwd.default,
-                                [t.clone().requires_grad_() for t in (q, k, w, beta)])
+                                [t.clone().requires_grad_() for t in (q, k, w, beta)] + [tokens, 16])
     assert set(fwd.values()) == {"SUCCESS"}, fwd
-    upstream = [torch.randn_like(t) for t in torch.ops.pathlab.path_ut_fwd(q, k, w, beta)]
-    bwd = torch.library.opcheck(torch.ops.pathlab.path_ut_bwd.default, upstream + [q, k, w, beta],
+    upstream = [torch.randn_like(t) for t in torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, 16)]
+    bwd = torch.library.opcheck(torch.ops.pathlab.path_ut_bwd.default, upstream + [q, k, w, beta, tokens, 16],
                                 test_utils=("test_schema", "test_faketensor"))
     assert set(bwd.values()) == {"SUCCESS"}, bwd
 

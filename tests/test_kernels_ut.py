@@ -1,10 +1,12 @@
 """The fused Triton UT transform (``kernels/_triton_ut.py``) against the PyTorch one (``kernels/_ut.py``).
 
-Both take the same fp32 chunk layout; the PyTorch version, differentiated by autograd, is the oracle for the four
-outputs (q̃, k̃, M, S_d) and the four gradients (dq, dk, dw through the normalisation of w, dβ), by relative RMS
-error, on fresh random inputs: grouped heads, β near 0 and near 2, chunk lengths 16 to 64, every head dim, and
-chunks padded with zero rows as the layout pads a sequence that ends inside a chunk. The end-to-end kernel with
-``ut="triton"`` against the fp64 reference is in ``test_kernels.py``.
+The fused kernels read q, k, w, β straight from ``[B, T, heads, ·]`` (any float dtype and strides), gather each
+chunk's rows, normalise w and cast to fp32 themselves. The oracle is the PyTorch route, differentiated by
+autograd: fp32 casts, ``normalize(w)``, ``to_chunks`` and ``ut_factors``. Compared by relative RMS error: the
+four outputs (q̃, k̃, M, S_d) and the four input gradients (dq, dk, dw, dβ), on fresh random inputs: grouped
+heads, β near 0 and near 2, chunk lengths 16 to 64, every head dim, sequences that end inside a chunk, packed
+sequences (``cu_seqlens``), non-contiguous and fp16 inputs. The end-to-end kernel with ``ut="triton"`` against
+the fp64 reference is in ``test_kernels.py``.
 """
 
 import os
@@ -20,8 +22,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 from pathlab.kernels import path_attention_triton  # noqa: E402
+from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks  # noqa: E402
 from pathlab.kernels._triton_ut import ut_factors_triton  # noqa: E402
 from pathlab.kernels._ut import ut_factors  # noqa: E402
+
+NAMES = ["q̃", "k̃", "M", "S_d", "dq", "dk", "dw", "dβ"]
 
 
 def rel_rms(a, b):
@@ -29,60 +34,102 @@ def rel_rms(a, b):
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-12))
 
 
-def chunk_inputs(H, Hkv, NC, BT, D, beta_range, pad, seed):
+def token_inputs(B, T, H, Hkv, D, beta_range, seed, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(H, NC, BT, D, generator=gen)
-    k = torch.randn(Hkv, NC, BT, D, generator=gen)
-    w = torch.randn(Hkv, NC, BT, D, generator=gen)
+    q = torch.randn(B, T, H, D, generator=gen).to(dtype)
+    k = torch.randn(B, T, Hkv, D, generator=gen).to(dtype)
+    w = torch.randn(B, T, Hkv, D, generator=gen)
     lo, hi = beta_range
-    beta = lo + (hi - lo) * torch.rand(Hkv, NC, BT, generator=gen)
-    if pad:  # the last chunk ends early: its trailing rows are zero, as the layout fills them
-        for t in (q, k, w, beta):
-            t[:, -1, BT - pad:] = 0
-    return [t.requires_grad_() for t in (q, k, w, beta)]
+    beta = lo + (hi - lo) * torch.rand(B, T, Hkv, generator=gen)
+    return q, k, w, beta
+
+
+def pytorch_route(q, k, w, beta, layout):
+    f32 = torch.float32
+    wn = torch.nn.functional.normalize(w.to(f32), dim=-1)
+    return ut_factors(*(to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))))
+
+
+def compare(inputs, layout, tol=2e-5, seed=0):
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    want = pytorch_route(*leaves, layout)
+    got = ut_factors_triton(*leaves, layout)
+    gen = torch.Generator().manual_seed(seed)
+    upstream = [torch.randn(t.shape, generator=gen) for t in want]
+    want_grads = torch.autograd.grad(want, leaves, upstream, retain_graph=True)
+    got_grads = torch.autograd.grad(got, leaves, upstream)
+    results = list(got) + list(got_grads)
+    for name, a, b in zip(NAMES, results, list(want) + list(want_grads)):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{name}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
+        assert torch.isfinite(a).all(), f"{name} has NaN/inf (an element the kernel never wrote?)"
+    errs = {n: rel_rms(a, b) for n, a, b in zip(NAMES, results, list(want) + list(want_grads))}
+    bad = {n: e for n, e in errs.items() if not e <= tol}
+    assert not bad, f"relative RMS errors above {tol}: {bad} (all: {errs})"
 
 
 CASES = [
-    # H, Hkv, NC, BT, D, beta_range, pad
-    pytest.param(1, 1, 1, 16, 16, (0.0, 2.0), 0, id="H1-BT16-D16"),
-    pytest.param(4, 2, 3, 16, 32, (0.0, 2.0), 5, id="H4kv2-BT16-D32-padded"),
-    pytest.param(3, 1, 2, 32, 64, (0.0, 2.0), 0, id="H3kv1-BT32-D64"),
-    pytest.param(2, 2, 2, 64, 128, (0.0, 2.0), 17, id="H2-BT64-D128-padded"),
-    pytest.param(2, 1, 2, 32, 32, (0.0, 1e-3), 0, id="H2kv1-BT32-D32-beta-near-0"),
-    pytest.param(2, 2, 2, 32, 32, (1.999, 2.0), 0, id="H2-BT32-D32-beta-near-2"),
+    # B, T, H, Hkv, D, BT, beta_range
+    pytest.param(1, 16, 1, 1, 16, 16, (0.0, 2.0), id="T16-BT16-D16"),
+    pytest.param(2, 43, 4, 2, 32, 16, (0.0, 2.0), id="B2-T43-H4kv2-BT16-D32"),
+    pytest.param(1, 70, 3, 1, 64, 32, (0.0, 2.0), id="T70-H3kv1-BT32-D64"),
+    pytest.param(1, 100, 2, 2, 128, 64, (0.0, 2.0), id="T100-BT64-D128"),
+    pytest.param(1, 40, 2, 1, 32, 32, (0.0, 1e-3), id="T40-H2kv1-D32-beta-near-0"),
+    pytest.param(1, 40, 2, 2, 32, 32, (1.999, 2.0), id="T40-D32-beta-near-2"),
 ]
 
 
-@pytest.mark.parametrize("H, Hkv, NC, BT, D, beta_range, pad", CASES)
-def test_matches_the_pytorch_transform(H, Hkv, NC, BT, D, beta_range, pad):
-    q, k, w_raw, beta = chunk_inputs(H, Hkv, NC, BT, D, beta_range, pad, seed=H * 1000 + BT + D)
-    w = torch.nn.functional.normalize(w_raw, dim=-1)
-    want = ut_factors(q, k, w, beta)
-    got = ut_factors_triton(q, k, w, beta)
-    upstream = [torch.randn_like(t) for t in want]
-    leaves = [q, k, w_raw, beta]
-    want_grads = torch.autograd.grad(want, leaves, upstream, retain_graph=True)
-    got_grads = torch.autograd.grad(got, leaves, upstream)
-    names = ["q̃", "k̃", "M", "S_d", "dq", "dk", "dw", "dβ"]
-    for name, a in zip(names, list(got) + list(got_grads)):
-        assert torch.isfinite(a).all(), f"{name} has NaN/inf (an element the kernel never wrote?)"
-    errs = {n: rel_rms(a, b) for n, a, b in zip(names, list(got) + list(got_grads), list(want) + list(want_grads))}
-    bad = {n: e for n, e in errs.items() if not e <= 2e-5}
-    assert not bad, f"relative RMS errors above 2e-5: {bad} (all: {errs})"
+@pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", CASES)
+def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range):
+    inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
+    compare(inputs, build_layout(B, T, BT, "cpu"))
+
+
+def test_packed_sequences():
+    lengths = [1, 15, 40, 16]  # one token, one short of a chunk, a long one, exactly one chunk
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    inputs = token_inputs(1, sum(lengths), 4, 2, 16, (0.0, 2.0), seed=5)
+    compare(inputs, build_layout(1, sum(lengths), 16, "cpu", cu))
+
+
+def test_strided_and_half_inputs():
+    """q, k as transposed views and fp16 (cast inside the kernel); gradients come back in each input's dtype."""
+    B, T, H, D = 2, 37, 2, 16
+    q, k, w, beta = token_inputs(B, T, H, H, D, (0.0, 2.0), seed=9, dtype=torch.float16)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, T, H, D] view with the strides of [B, H, T, D]
+    k = k.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not q.is_contiguous()
+    compare((q, k, w, beta), build_layout(B, T, 16, "cpu"), tol=1e-3)  # dq, dk rounded to fp16
+
+
+def test_zero_norm_direction():
+    """A w row of zeros (below F.normalize's ε) is an identity transition; its gradient follows F.normalize."""
+    q, k, w, beta = token_inputs(1, 20, 1, 1, 16, (0.0, 2.0), seed=11)
+    w[0, 3] = 0
+    compare((q, k, w, beta), build_layout(1, 20, 16, "cpu"))
 
 
 def test_gradient_of_some_outputs_only():
     """Outputs that do not reach the loss give no gradient; the backward then counts them as zero."""
-    q, k, w_raw, beta = chunk_inputs(2, 1, 2, 16, 16, (0.0, 2.0), 0, seed=7)
-    leaves = [q, k, w_raw, beta]
+    inputs = [x.requires_grad_() for x in token_inputs(1, 30, 2, 1, 16, (0.0, 2.0), seed=7)]
+    layout = build_layout(1, 30, 16, "cpu")
     for pick in (0, 2):  # q̃ only, M only
-        w = torch.nn.functional.normalize(w_raw, dim=-1)
-        want = torch.autograd.grad(ut_factors(q, k, w, beta)[pick].square().sum(), leaves, allow_unused=True,
-                                   retain_graph=True)
-        got = torch.autograd.grad(ut_factors_triton(q, k, w, beta)[pick].square().sum(), leaves)
+        want = torch.autograd.grad(pytorch_route(*inputs, layout)[pick].square().sum(), inputs, allow_unused=True)
+        got = torch.autograd.grad(ut_factors_triton(*inputs, layout)[pick].square().sum(), inputs)
         for a, b in zip(got, want):
-            b = torch.zeros_like(a) if b is None else b
-            assert rel_rms(a, b) <= 2e-5 if b.abs().max() > 0 else a.abs().max() == 0
+            if b is None:
+                assert a.abs().max() == 0
+            else:
+                assert rel_rms(a, b) <= 2e-5
+
+
+def test_slot_tokens_cover_every_token_once():
+    for layout, n_tokens in ((build_layout(3, 37, 16, "cpu"), 3 * 37),
+                             (build_layout(1, 45, 16, "cpu", torch.tensor([0, 7, 30, 45], dtype=torch.int32)), 45)):
+        tokens = slot_tokens(layout, layout.batch, layout.length)
+        real = tokens[tokens < n_tokens]
+        assert tokens.numel() == layout.n_chunks * layout.chunk
+        assert sorted(real.tolist()) == list(range(n_tokens))
+        assert (tokens[tokens >= n_tokens] == n_tokens).all()
 
 
 def test_unknown_ut_name_is_a_clear_error():
