@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ._layout import build_layout, chunk_gate, from_chunks, to_chunks
+from ._layout import build_layout, chunk_gate, from_chunks, slot_tokens, to_chunks
 from ._ut import ut_factors
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -255,23 +255,21 @@ def _interpreting() -> bool:
 UT_BACKENDS = ("torch", "triton")
 
 
-def _ut_factors(name, q, k, w, beta, layout):
-    """q̃, k̃, M, S_d of every chunk (fp32), by the UT transform named ``name``: ``"torch"`` (PyTorch ops on
-    fp32 chunk-layout copies; autograd keeps every intermediate) or ``"triton"`` (two fused kernels that read
-    the inputs in place; the backward recomputes from them). ``None`` reads ``PATHLAB_PATH_UT`` (so that
-    benchmarks of whole models can switch it), default ``"torch"``."""
+def _ut_name(name):
+    """``"torch"`` or ``"triton"``; ``None`` reads ``PATHLAB_PATH_UT`` (so that benchmarks of whole models can
+    switch it), default ``"torch"``."""
     if name is None:
         name = os.environ.get("PATHLAB_PATH_UT") or "torch"
-    if name == "triton":
-        from ._triton_ut import ut_factors_triton
-
-        return ut_factors_triton(q, k, w, beta, layout)
-    if name != "torch":
+    if name not in UT_BACKENDS:
         raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
+    return name
+
+
+def _ut_factors_torch(q, k, w, beta, layout):
+    """q̃, k̃, M, S_d of every chunk (fp32) by PyTorch ops on fp32 chunk-layout copies of the inputs."""
     f32 = torch.float32
     wn = torch.nn.functional.normalize(w.to(f32), dim=-1)
-    chunks = [to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))]
-    return ut_factors(*chunks)
+    return ut_factors(*(to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))))
 
 
 def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, block_size=None,
@@ -290,14 +288,16 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         block_size: chunk length BT (default 64; small values such as 16 exercise the chunking in tests).
         programs: persistent programs of the backward (default: a few per SM); the scratch is
             programs × (longest sequence) × D.
-        ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops) or ``"triton"`` (fused kernels,
-            ``_triton_ut``; same results within fp32 rounding, and its backward keeps only the inputs);
-            default: the environment variable ``PATHLAB_PATH_UT``, else ``"torch"``.
+        ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops, their intermediates saved) or
+            ``"triton"`` (fused kernels reading the inputs in place, in one op with the scan that recomputes
+            the UT factors in its backward, ``_recompute``; same results within fp32 rounding); default: the
+            environment variable ``PATHLAB_PATH_UT``, else ``"torch"``.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
+    ut = _ut_name(ut)
     B, T, H, D = q.shape
     scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):
@@ -310,12 +310,16 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     layout = build_layout(B, T, BT, q.device, cu_seqlens)
     if programs is not None and (not isinstance(programs, int) or programs < 1):
         raise ValueError(f"programs must be a positive int or None, got {programs!r}")
-    f32 = torch.float32
-    qs, ks, m, sd = _ut_factors(ut, q, k, w, beta, layout)
     vc = to_chunks(v, layout)
     gl = go = None
     if g is not None:
-        gl, go = chunk_gate(to_chunks(g.to(f32), layout), layout)
-    o, _ = _scan_fwd(qs, ks, vc, m, sd, gl, go, layout.chunk_first, layout.chunk_index, layout.order,
-                     layout.max_chunks, scale, programs or 0)
+        gl, go = chunk_gate(to_chunks(g.to(torch.float32), layout), layout)
+    meta = (layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks)
+    if ut == "triton":  # fused UT kernels + scan in one op that recomputes the UT factors in its backward
+        from ._recompute import path_fwd
+
+        o, _ = path_fwd(q, k, w, beta, vc, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)
+    else:
+        qs, ks, m, sd = _ut_factors_torch(q, k, w, beta, layout)
+        o, _ = _scan_fwd(qs, ks, vc, m, sd, gl, go, *meta, scale, programs or 0)
     return from_chunks(o, layout).to(q.dtype)

@@ -149,6 +149,28 @@ def test_ut_custom_ops_opcheck():
     assert set(bwd.values()) == {"SUCCESS"}, bwd
 
 
+def test_recompute_custom_ops_opcheck():
+    """``opcheck`` of the op that joins the fused UT transform and the scan (and recomputes in its backward)."""
+    from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
+
+    importlib.import_module("pathlab.kernels._recompute")  # registers the ops
+    B, T, H, Hkv, D = 1, 20, 2, 1, 16
+    q, k, v, w, beta, g = make(B, T, H, Hkv, D, D, gate=True, seed=4)
+    layout = build_layout(B, T, 16, q.device)
+    gl, go = chunk_gate(to_chunks(g, layout), layout)
+    tokens = slot_tokens(layout, B, T)
+    meta = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 16, 0.25, 2]
+    inputs = [q, k, w, beta, to_chunks(v, layout), gl.detach(), go.detach()]
+    fwd = torch.library.opcheck(torch.ops.pathlab.path_recompute_fwd.default,
+                                [t.clone().requires_grad_() for t in inputs] + [tokens] + meta)
+    assert set(fwd.values()) == {"SUCCESS"}, fwd
+    o, lse = torch.ops.pathlab.path_recompute_fwd(*inputs, tokens, *meta)
+    bwd = torch.library.opcheck(torch.ops.pathlab.path_recompute_bwd.default,
+                                [torch.randn_like(o)] + inputs + [o, lse, tokens] + meta,
+                                test_utils=("test_schema", "test_faketensor"))
+    assert set(bwd.values()) == {"SUCCESS"}, bwd
+
+
 @pytest.mark.parametrize("attention", ["path", "path_fox"])
 def test_compiled_model_matches_eager(attention):
     """A small PaTH model compiled whole (``fullgraph=True``) gives eager's loss and every parameter gradient.

@@ -138,14 +138,25 @@ def test_unknown_ut_name_is_a_clear_error():
         path_attention_triton(x, x, x, x, torch.rand(1, 8, 1), ut="cuda")
 
 
-def test_environment_variable_selects_the_fused_transform(monkeypatch):
-    """``PATHLAB_PATH_UT=triton`` switches the default, for benchmarks of whole models."""
-    import pathlab.kernels._triton_ut as fused
+def _graph_nodes(tensor):
+    """Names of the autograd nodes behind ``tensor``."""
+    names, todo = [], [tensor.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None:
+            names.append(fn.name())
+            todo.extend(f for f, _ in fn.next_functions)
+    return names
 
-    calls = []
-    original = fused.ut_factors_triton
-    monkeypatch.setattr(fused, "ut_factors_triton", lambda *a: calls.append(1) or original(*a))
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton")
-    x = torch.randn(1, 20, 1, 16)
-    path_attention_triton(x, x, x, x, torch.rand(1, 20, 1), block_size=16)
-    assert calls == [1]
+
+@pytest.mark.parametrize("env, fused", [(None, False), ("torch", False), ("triton", True)])
+def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fused):
+    """``PATHLAB_PATH_UT=triton`` switches the default, for benchmarks of whole models: the output then comes
+    from the recomputing op (UT kernels + scan), otherwise from the scan op fed by PyTorch's UT transform."""
+    if env is None:
+        monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
+    else:
+        monkeypatch.setenv("PATHLAB_PATH_UT", env)
+    x = torch.randn(1, 20, 1, 16, requires_grad=True)
+    nodes = " ".join(_graph_nodes(path_attention_triton(x, x, x, x, torch.rand(1, 20, 1), block_size=16)))
+    assert ("path_recompute_fwd" in nodes) == fused and ("path_scan_fwd" in nodes) == (not fused), nodes

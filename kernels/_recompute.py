@@ -1,0 +1,95 @@
+"""PaTH with the fused UT transform and the scan in one differentiable op that recomputes instead of saving.
+
+    forward:   (q̃, k̃, M, S_d) = UT(q, k, w, β)        ``_triton_ut`` kernels, reading the inputs in place
+               (o, lse)        = scan(q̃, k̃, v, M, S_d, gate)
+    backward:  (q̃, k̃, M, S_d) = UT(q, k, w, β)        again, from the saved inputs
+               (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward
+
+Autograd keeps only the inputs, v in chunk layout, o and the log-sum-exp: the fp32 q̃, k̃, M and S_d (8× one
+16-bit q at D = 64) live only inside the forward and inside the backward, at the price of one more UT forward.
+Used by :func:`kernels.path.path_attention_triton` with ``ut="triton"``; the two steps are the same
+implementations as the separate ops (``pathlab::path_ut_*`` and ``pathlab::path_scan_*``), so their tests
+cover the pieces and ``tests/test_kernels.py`` the whole.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton_ut import _ut_bwd_impl, _ut_fwd_impl
+
+_FWD_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor tokens, "
+    "Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, int block, float scale, "
+    "int programs) -> (Tensor, Tensor)"
+)
+_BWD_SCHEMA = (
+    "(Tensor do, Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor o, "
+    "Tensor lse, Tensor tokens, Tensor chunk_first, Tensor chunk_index, Tensor order, SymInt max_chunks, "
+    "int block, float scale, int programs) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+              programs):
+    from .path import _scan_fwd_impl
+
+    qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
+    return _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
+
+
+def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+              programs):
+    H, NC = q.shape[2], tokens.numel() // block
+    return (v.new_empty((H, NC, block, v.shape[-1])),
+            torch.empty((H, NC, block), dtype=torch.float32, device=v.device))
+
+
+def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
+              scale, programs):
+    """(dq, dk, dw, dβ) in the inputs' layouts and dtypes, dv (chunk layout), dG_local (empty without a gate)."""
+    from .path import _scan_bwd_impl
+
+    qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
+    dqs, dks, dv, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index,
+                                               order, max_chunks, scale, programs)
+    del qs, ks, m, sd
+    dq, dk, dw, dbeta = _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block)
+    return dq, dk, dw, dbeta, dv, dg
+
+
+def _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
+              scale, programs):
+    dg = (torch.empty(gl.shape, dtype=torch.float32, device=q.device) if gl is not None
+          else torch.empty((0,), dtype=torch.float32, device=q.device))
+    return (*(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w, beta, v)), dg)
+
+
+path_fwd = torch.library.custom_op("pathlab::path_recompute_fwd", _fwd_impl, mutates_args=(), schema=_FWD_SCHEMA)
+path_fwd.register_fake(_fwd_fake)
+path_bwd = torch.library.custom_op("pathlab::path_recompute_bwd", _bwd_impl, mutates_args=(), schema=_BWD_SCHEMA)
+path_bwd.register_fake(_bwd_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale, programs = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order)
+    ctx.max_chunks, ctx.block, ctx.scale, ctx.programs = max_chunks, block, scale, programs
+
+
+def _backward(ctx, do, dlse):
+    """As the scan's backward: the log-sum-exp's gradient is ignored (it is internal), and the per-chunk gate
+    offsets get the chunk sums of dG_local."""
+    q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dw, dbeta, dv, dg = path_bwd(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index,
+                                         order, ctx.max_chunks, ctx.block, ctx.scale, ctx.programs)
+    dgl = dgo = None
+    if gl is not None:
+        dgl, dgo = dg, dg.sum(-1).to(torch.float64)
+    return dq, dk, dw, dbeta, dv, dgl, dgo, None, None, None, None, None, None, None, None
+
+
+path_fwd.register_autograd(_backward, setup_context=_setup_context)
