@@ -541,6 +541,7 @@ def main(argv=None):
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         device=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
         fla=_fla()[1] or "importable", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        pathlab_env={key: val for key, val in os.environ.items() if key.startswith("PATHLAB_")},
         correctness={}, cases=[], decode=[],
         notes="fla_path_fox gets g/scale (fla scales the gate); peak_mib = extra memory of one fwd+bwd",
     )

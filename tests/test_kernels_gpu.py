@@ -78,8 +78,11 @@ def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
         assert e <= TOL[n], f"{n}: relative RMS error {e:.3g} > {TOL[n]} (all: {errs})"
 
 
-def test_long_sequence_beta_near_two_is_finite():
+@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+def test_long_sequence_beta_near_two_is_finite(ut, monkeypatch):
     import pathlab
+
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
 
     q, k, v, w, beta, g = inputs(1, 65536, 4, 4, 128, beta_range=(1.9, 1.999), gate=True)
     leaves = [t.requires_grad_() for t in (q, k, v, w, beta, g)]
@@ -110,7 +113,8 @@ def test_prefill_then_512_steps_match_parallel_form(gate):
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_compiled_kernel_bf16_matches_eager_and_oracle(gate):
+@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut, monkeypatch):
     """``torch.compile`` (Inductor, ``fullgraph=True``) of the Triton op in bf16, forward and backward.
 
     The scan is the opaque custom op pair ``pathlab::path_scan_fwd``/``bwd``, so Inductor neither breaks the graph
@@ -119,6 +123,7 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate):
     whose rounding differs)."""
     from pathlab.reference import path_attention as reference
 
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     torch._dynamo.reset()
     leaves, do, fast = bf16_case(300, 4, 2, 64, gate)
 
@@ -140,11 +145,13 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate):
 
 
 @pytest.mark.parametrize("attention", ["path", "path_fox"])
-def test_compiled_model_bf16_matches_eager(attention):
+@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+def test_compiled_model_bf16_matches_eager(attention, ut, monkeypatch):
     """A small PaTH model under bf16 autocast, compiled whole with ``fullgraph=True`` as ``pathlab train`` does by
     default on CUDA (``backend="auto"`` is the Triton kernel here): loss and parameter gradients match eager."""
     import pathlab
 
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     torch._dynamo.reset()
     torch.manual_seed(0)
     cfg = pathlab.ModelConfig(n_layer=2, n_head=4, n_embd=256, vocab_size=512, attention=attention)
