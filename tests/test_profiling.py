@@ -1,12 +1,16 @@
 """``pathlab.profiling.time_by_kernel`` and the kernel benchmark's profile of one case (scan vs the rest)."""
 
 import importlib.util
+import os
 import pathlib
 
 import pytest
 import torch
 
-from pathlab.profiling import saved_for_backward, time_by_kernel
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of the kernels
+
+from pathlab.profiling import saved_for_backward, time_by_kernel  # noqa: E402
 
 
 def test_time_by_kernel_counts_operators_per_call_on_cpu():
@@ -50,3 +54,16 @@ def test_saved_for_backward_counts_each_storage_once():
     assert saved == {"bytes": 16000, "storages": 2, "by_dtype": {"float64": 16000}}
     assert torch.isfinite(out)
     assert saved_for_backward(fn)[0]["bytes"] == 16000 + 800  # w now counts (x itself is never saved)
+
+
+def test_fused_ut_route_keeps_two_q_for_the_backward():
+    """The recomputing route keeps only v and o in chunk layout beyond its inputs (2× one q, SDPA keeps o: 1×);
+    the PyTorch UT route keeps every fp32 factor. A regression here means something is saved again."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_saved_memory.py"
+    spec = importlib.util.spec_from_file_location("bench_saved_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = {m: bench.measure(m, 1, 128, 2, 64, torch.device("cpu")) for m in ("path", "path_ut_triton", "sdpa")}
+    assert rows["path_ut_triton"]["times_one_q"] <= 2.1
+    assert rows["sdpa"]["times_one_q"] <= 1.1
+    assert rows["path"]["times_one_q"] >= 10
