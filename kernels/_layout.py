@@ -56,6 +56,11 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
         simple = True
     else:
         starts = [int(x) for x in cu_seqlens.tolist()]  # one host sync, like FlashAttention's max_seqlen
+        if starts[0] != 0 or starts[-1] != length or any(b < a for a, b in zip(starts[:-1], starts[1:])):
+            raise ValueError(
+                f"cu_seqlens must start at 0, never decrease and end at the number of tokens ({length}); "
+                f"got {starts[:4]}{' …' if len(starts) > 4 else ''} ending at {starts[-1]}"
+            )
         lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
         n_per_seq = [max(1, -(-L // chunk)) for L in lengths]
         c = torch.cat([torch.arange(n, dtype=torch.int32) for n in n_per_seq])

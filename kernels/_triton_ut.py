@@ -172,7 +172,14 @@ def _unit_last(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _check_tokens(tokens, block):
+    if tokens.dtype != torch.int64 or tokens.ndim != 1 or tokens.numel() % block:
+        raise ValueError(f"tokens must be int64 [NC·BT] (from _layout.slot_tokens), got {tokens.dtype} "
+                         f"{tuple(tokens.shape)} for BT = {block}")
+
+
 def _ut_fwd_impl(q, k, w, beta, tokens, block):
+    _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
     NC = tokens.numel() // BT
@@ -197,6 +204,7 @@ def _ut_fwd_fake(q, k, w, beta, tokens, block):
 
 
 def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
+    _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
     NC = tokens.numel() // BT

@@ -104,7 +104,8 @@ def test_varlen_packed_sequences(dtype):
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=2, ut="triton")
 
 
-def test_non_contiguous_inputs():
+@pytest.mark.parametrize("ut", ["torch", "triton"])
+def test_non_contiguous_inputs(ut):
     B, T, H, D = 1, 40, 2, 16
     q = torch.randn(B, H, T, D).transpose(1, 2)  # [B, T, H, D] view with odd strides
     k = torch.randn(B, T, H, 2 * D)[..., ::2]
@@ -113,7 +114,7 @@ def test_non_contiguous_inputs():
     beta = 2 * torch.rand(B, H, T).transpose(1, 2)
     g = torch.nn.functional.logsigmoid(torch.randn(B, H, T)).transpose(1, 2)
     assert not any(t.is_contiguous() for t in (q, k, v, w, beta, g))
-    compare((q, k, v, w, beta, g), tol=1e-5)
+    compare((q, k, v, w, beta, g), tol=1e-5, ut=ut)
 
 
 def test_gate_is_not_scaled():
@@ -157,6 +158,9 @@ def test_bad_inputs_raise_clear_errors(monkeypatch):
                               cu_seqlens=torch.tensor([0, 8], dtype=torch.int32))
     with pytest.raises(ValueError, match="block_size"):
         path_attention_triton(q, k, v, w, beta, block_size=24)
+    for bad in ([0, 5], [1, 8], [0, 6, 3, 8]):  # ends before T, starts after 0, decreases
+        with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+            path_attention_triton(q, k, v, w, beta, cu_seqlens=torch.tensor(bad, dtype=torch.int32))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         path_attention_triton(q, k, v, w, beta)

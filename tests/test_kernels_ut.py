@@ -101,11 +101,35 @@ def test_strided_and_half_inputs():
     compare((q, k, w, beta), build_layout(B, T, 16, "cpu"), tol=1e-3)  # dq, dk rounded to fp16
 
 
-def test_zero_norm_direction():
-    """A w row of zeros (below F.normalize's ε) is an identity transition; its gradient follows F.normalize."""
+def test_strided_w_and_beta():
+    """w with a non-unit stride along D (copied by the wrapper) and β with the strides of ``[B, Hkv, T]``."""
+    B, T, H, Hkv, D = 2, 37, 4, 2, 16
+    q, k, _, _ = token_inputs(B, T, H, Hkv, D, (0.0, 2.0), seed=1)
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(B, T, Hkv, 2 * D, generator=gen)[..., ::2]
+    beta = 2 * torch.rand(B, Hkv, T, generator=gen).transpose(1, 2)
+    compare((q, k, w, beta), build_layout(B, T, 16, "cpu"))
+
+
+@pytest.mark.parametrize("norm", [0.0, 5e-13], ids=["zero", "below-eps"])
+def test_direction_below_normalize_eps(norm):
+    """A w row with ‖w‖ ≤ F.normalize's ε = 1e-12: w/ε is used as is (no unit vector) and its gradient is dw/ε,
+    without the radial projection. That row's gradient is 1e12 times the others, so it is compared on its own."""
     q, k, w, beta = token_inputs(1, 20, 1, 1, 16, (0.0, 2.0), seed=11)
-    w[0, 3] = 0
-    compare((q, k, w, beta), build_layout(1, 20, 16, "cpu"))
+    w[0, 3] = norm / 4  # 16 entries of norm/4: ‖w‖ = norm
+    layout = build_layout(1, 20, 16, "cpu")
+    leaves = [x.requires_grad_() for x in (q, k, w, beta)]
+    want, got = pytorch_route(*leaves, layout), ut_factors_triton(*leaves, layout)
+    upstream = [torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) for t in want]
+    want_grads = torch.autograd.grad(want, leaves, upstream)
+    got_grads = torch.autograd.grad(got, leaves, upstream)
+    for name, a, b in zip(NAMES, got, want):
+        assert rel_rms(a, b) <= 2e-5, name
+    rest = torch.arange(20) != 3
+    for name, a, b in zip(NAMES[4:], got_grads, want_grads):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a[:, rest], b[:, rest]) <= 2e-5, name
+        assert rel_rms(a[:, 3], b[:, 3]) <= 2e-5 if b[:, 3].abs().max() > 0 else a[:, 3].abs().max() == 0, name
 
 
 def test_gradient_of_some_outputs_only():
