@@ -1,14 +1,17 @@
 """The per-chunk UT transform of ``_ut`` as two fused Triton kernels (forward, and backward by recomputation).
 
-Same inputs and outputs as :func:`kernels._ut.ut_factors`, which stays the reference. One program per
-(kv head, chunk) holds the chunk's W, K (``[BT, D]``) and β in fp32 and computes, with ieee fp32 products:
+The outputs are those of :func:`kernels._ut.ut_factors`, which stays the reference; the inputs are read in place
+from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) through the chunk layout's token
+index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
+(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes, with ieee fp32 products:
 
     N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   row by row: A_i = e_i − Σ_{j<i} N_ij A_j
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
 
 The backward recomputes N, A, U, X from (W, K, β), so autograd keeps only the inputs (the PyTorch version keeps
-every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the forward:
+fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
+forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_raw‖ (dW / ε where ‖w_raw‖ ≤ ε):
 
     dU = W dM − Σ_g Q_Wᵀ dq̃,   dX = −W dk̃ᵀ − Σ_g Q_Wᵀ dS_d
     dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ),   dQ = dq̃ + dS_d K + dQ_W W
