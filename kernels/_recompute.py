@@ -5,8 +5,9 @@
     backward:  (q̃, k̃, M, S_d) = UT(q, k, w, β)        again, from the saved inputs
                (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward
 
-Autograd keeps only the inputs, v in chunk layout, o and the log-sum-exp: the fp32 q̃, k̃, M and S_d (8× one
-16-bit q at D = 64) live only inside the forward and inside the backward, at the price of one more UT forward.
+v enters in its own layout and is gathered into chunks inside (again in the backward). Autograd keeps only the
+inputs, o and the log-sum-exp, as FlashAttention does: the fp32 q̃, k̃, M and S_d (8× one 16-bit q at D = 64)
+and v's chunk copy live only inside the forward and inside the backward, at the price of one more UT forward.
 Used by :func:`kernels.path.path_attention_triton` with ``ut="triton"``; the two steps are the same
 implementations as the separate ops (``pathlab::path_ut_*`` and ``pathlab::path_scan_*``), so their tests
 cover the pieces and ``tests/test_kernels.py`` the whole.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ._layout import gather_chunks, scatter_chunks
 from ._triton_ut import _ut_bwd_impl, _ut_fwd_impl
 
 _FWD_SCHEMA = (
@@ -35,7 +37,8 @@ def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order,
     from .path import _scan_fwd_impl
 
     qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
-    return _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
+    vc = gather_chunks(v, tokens, block)
+    return _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
 
 
 def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
@@ -47,15 +50,16 @@ def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order,
 
 def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
               scale, programs):
-    """(dq, dk, dw, dβ) in the inputs' layouts and dtypes, dv (chunk layout), dG_local (empty without a gate)."""
+    """(dq, dk, dw, dβ, dv) in the inputs' shapes and dtypes, dG_local (empty without a gate)."""
     from .path import _scan_bwd_impl
 
     qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
-    dqs, dks, dv, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index,
-                                               order, max_chunks, scale, programs)
-    del qs, ks, m, sd
+    vc = gather_chunks(v, tokens, block)
+    dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
+                                                order, max_chunks, scale, programs)
+    del qs, ks, m, sd, vc
     dq, dk, dw, dbeta = _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block)
-    return dq, dk, dw, dbeta, dv, dg
+    return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
 
 
 def _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,

@@ -310,7 +310,6 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     layout = build_layout(B, T, BT, q.device, cu_seqlens)
     if programs is not None and (not isinstance(programs, int) or programs < 1):
         raise ValueError(f"programs must be a positive int or None, got {programs!r}")
-    vc = to_chunks(v, layout)
     gl = go = None
     if g is not None:
         gl, go = chunk_gate(to_chunks(g.to(torch.float32), layout), layout)
@@ -318,8 +317,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     if ut == "triton":  # fused UT kernels + scan in one op that recomputes the UT factors in its backward
         from ._recompute import path_fwd
 
-        o, _ = path_fwd(q, k, w, beta, vc, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)
+        o, _ = path_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)
     else:
         qs, ks, m, sd = _ut_factors_torch(q, k, w, beta, layout)
-        o, _ = _scan_fwd(qs, ks, vc, m, sd, gl, go, *meta, scale, programs or 0)
+        o, _ = _scan_fwd(qs, ks, to_chunks(v, layout), m, sd, gl, go, *meta, scale, programs or 0)
     return from_chunks(o, layout).to(q.dtype)

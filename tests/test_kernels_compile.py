@@ -151,7 +151,7 @@ def test_recompute_custom_ops_opcheck():
     gl, go = chunk_gate(to_chunks(g, layout), layout)
     tokens = slot_tokens(layout, B, T)
     meta = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 16, 0.25, 2]
-    inputs = [q, k, w, beta, to_chunks(v, layout), gl.detach(), go.detach()]
+    inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
     fwd = torch.library.opcheck(torch.ops.pathlab.path_recompute_fwd.default,
                                 [t.clone().requires_grad_() for t in inputs] + [tokens] + meta)
     assert set(fwd.values()) == {"SUCCESS"}, fwd

@@ -184,3 +184,15 @@ def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fuse
     x = torch.randn(1, 20, 1, 16, requires_grad=True)
     nodes = " ".join(_graph_nodes(path_attention_triton(x, x, x, x, torch.rand(1, 20, 1), block_size=16)))
     assert ("path_recompute_fwd" in nodes) == fused and ("path_scan_fwd" in nodes) == (not fused), nodes
+
+
+def test_gather_and_scatter_chunks_invert_each_other():
+    from pathlab.kernels._layout import gather_chunks, scatter_chunks
+
+    for B, T, layout in ((3, 37, build_layout(3, 37, 16, "cpu")),
+                         (1, 45, build_layout(1, 45, 16, "cpu", torch.tensor([0, 7, 30, 45], dtype=torch.int32)))):
+        x = torch.randn(B, T, 2, 5)
+        tokens = slot_tokens(layout, B, T)
+        chunks = gather_chunks(x, tokens, 16)
+        torch.testing.assert_close(chunks, to_chunks(x, layout), rtol=0, atol=0)
+        torch.testing.assert_close(scatter_chunks(chunks, tokens, B, T), x, rtol=0, atol=0)
