@@ -98,9 +98,17 @@ def test_compiled_kernel_varlen():
                  NAMES)
 
 
+def assert_opcheck(fwd, bwd, differentiable, rest, bwd_args):
+    """``torch.library.opcheck`` of a forward op (schema, fake shapes, autograd registration, AOT dispatch) on
+    ``differentiable + rest``, and of its backward op (schema, fake shapes) on ``bwd_args(forward outputs)``."""
+    report = torch.library.opcheck(fwd, [t.clone().requires_grad_() for t in differentiable] + rest)
+    assert set(report.values()) == {"SUCCESS"}, report
+    report = torch.library.opcheck(bwd, bwd_args(fwd(*differentiable, *rest)),
+                                   test_utils=("test_schema", "test_faketensor"))
+    assert set(report.values()) == {"SUCCESS"}, report
+
+
 def test_scan_custom_ops_opcheck():
-    """``torch.library.opcheck``: schema, fake (meta) shapes, autograd registration and AOT dispatch of the
-    forward scan op, and schema/fake of the backward op."""
     from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
     from pathlab.kernels._ut import ut_factors
 
@@ -112,36 +120,25 @@ def test_scan_custom_ops_opcheck():
                                to_chunks(beta, layout))
     gl, go = chunk_gate(to_chunks(g, layout), layout)
     tensors = [t.detach() for t in (qs, ks, to_chunks(v, layout), m, sd, gl, go)]
-    meta = [layout.chunk_first, layout.chunk_index, layout.order]
-    fwd = torch.library.opcheck(torch.ops.pathlab.path_scan_fwd.default,
-                                [t.clone().requires_grad_() for t in tensors] + meta + [layout.max_chunks, 0.25, 2])
-    assert set(fwd.values()) == {"SUCCESS"}, fwd
-    o, lse = torch.ops.pathlab.path_scan_fwd(*tensors, *meta, layout.max_chunks, 0.25, 2)
-    bwd = torch.library.opcheck(torch.ops.pathlab.path_scan_bwd.default,
-                                [torch.randn_like(o)] + tensors + [o, lse] + meta + [layout.max_chunks, 0.25, 2],
-                                test_utils=("test_schema", "test_faketensor"))
-    assert set(bwd.values()) == {"SUCCESS"}, bwd
+    rest = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 0.25, 2]
+    assert_opcheck(torch.ops.pathlab.path_scan_fwd.default, torch.ops.pathlab.path_scan_bwd.default, tensors, rest,
+                   lambda out: [torch.randn_like(out[0])] + tensors + list(out) + rest)
 
 
 def test_ut_custom_ops_opcheck():
-    """``torch.library.opcheck`` of the fused UT transform's forward op (with its autograd) and backward op."""
+    """The fused UT transform's ops."""
     from pathlab.kernels._layout import build_layout, slot_tokens
 
     importlib.import_module("pathlab.kernels._triton_ut")  # registers the ops
     B, T, H, Hkv, D = 1, 20, 2, 1, 16
     q, k, v, w, beta, _ = make(B, T, H, Hkv, D, D, gate=False, seed=3)
-    tokens = slot_tokens(build_layout(B, T, 16, q.device), B, T)
-    fwd = torch.library.opcheck(torch.ops.pathlab.path_ut_fwd.default,
-                                [t.clone().requires_grad_() for t in (q, k, w, beta)] + [tokens, 16])
-    assert set(fwd.values()) == {"SUCCESS"}, fwd
-    upstream = [torch.randn_like(t) for t in torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, 16)]
-    bwd = torch.library.opcheck(torch.ops.pathlab.path_ut_bwd.default, upstream + [q, k, w, beta, tokens, 16],
-                                test_utils=("test_schema", "test_faketensor"))
-    assert set(bwd.values()) == {"SUCCESS"}, bwd
+    rest = [slot_tokens(build_layout(B, T, 16, q.device), B, T), 16]
+    assert_opcheck(torch.ops.pathlab.path_ut_fwd.default, torch.ops.pathlab.path_ut_bwd.default, [q, k, w, beta],
+                   rest, lambda out: [torch.randn_like(t) for t in out] + [q, k, w, beta] + rest)
 
 
 def test_recompute_custom_ops_opcheck():
-    """``opcheck`` of the op that joins the fused UT transform and the scan (and recomputes in its backward)."""
+    """The op that joins the fused UT transform and the scan (and recomputes in its backward)."""
     from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
 
     importlib.import_module("pathlab.kernels._recompute")  # registers the ops
@@ -149,17 +146,11 @@ def test_recompute_custom_ops_opcheck():
     q, k, v, w, beta, g = make(B, T, H, Hkv, D, D, gate=True, seed=4)
     layout = build_layout(B, T, 16, q.device)
     gl, go = chunk_gate(to_chunks(g, layout), layout)
-    tokens = slot_tokens(layout, B, T)
-    meta = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 16, 0.25, 2]
     inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
-    fwd = torch.library.opcheck(torch.ops.pathlab.path_recompute_fwd.default,
-                                [t.clone().requires_grad_() for t in inputs] + [tokens] + meta)
-    assert set(fwd.values()) == {"SUCCESS"}, fwd
-    o, lse = torch.ops.pathlab.path_recompute_fwd(*inputs, tokens, *meta)
-    bwd = torch.library.opcheck(torch.ops.pathlab.path_recompute_bwd.default,
-                                [torch.randn_like(o)] + inputs + [o, lse, tokens] + meta,
-                                test_utils=("test_schema", "test_faketensor"))
-    assert set(bwd.values()) == {"SUCCESS"}, bwd
+    rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
+            16, 0.25, 2]
+    assert_opcheck(torch.ops.pathlab.path_recompute_fwd.default, torch.ops.pathlab.path_recompute_bwd.default,
+                   inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
 
 
 @pytest.mark.parametrize("attention", ["path", "path_fox"])
