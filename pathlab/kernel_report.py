@@ -30,7 +30,11 @@ TOLERANCES = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dw": 1.5e-2, "dbet
 
 
 def load_benchmarks(folder) -> tuple[list[dict], list[str]]:
-    """Every readable result file in ``folder`` (with its file name), and notes on the ones skipped."""
+    """Every readable kernel result file in ``folder`` (with its file name), and notes on the ones skipped.
+
+    Other benchmarks' JSON files share the folder (throughput, memory); a file without ``cases`` is noted only
+    when its name says it is a kernel result (``kernels-*.json``). An unreadable JSON file is always noted.
+    """
     folder = Path(folder)
     found, notes = [], []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -41,7 +45,9 @@ def load_benchmarks(folder) -> tuple[list[dict], list[str]]:
             notes.append(f"{path.name}: unreadable ({err}); rerun the benchmark")
             continue
         if not isinstance(result, dict) or not isinstance(result.get("cases"), list):
-            notes.append(f"{path.name}: not a bench_kernels.py result (no 'cases'); regenerate with {BENCH_COMMAND}")
+            if path.name.startswith("kernels-"):
+                notes.append(f"{path.name}: not a bench_kernels.py result (no 'cases'); regenerate with "
+                             f"{BENCH_COMMAND}")
             continue
         result["file"] = path.name
         found.append(result)
