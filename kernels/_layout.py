@@ -135,19 +135,14 @@ def scatter_chunks(x: torch.Tensor, tokens: torch.Tensor, batch: int, length: in
 def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
     """``[B, T, H, ...]`` -> ``[H, NC, BT, ...]`` (zeros in the padding). Differentiable."""
     BT = layout.chunk
-    tail = x.shape[3:]
-    if layout.simple:
-        B, T = x.shape[:2]
-        pad = layout.n_chunks // B * BT - T
-        if pad:
-            x = F.pad(x, (0, 0) * (x.ndim - 2) + (0, pad))
-        x = x.reshape(B * (layout.n_chunks // B), BT, *x.shape[2:])
-    else:
-        flat = x.reshape(-1, *x.shape[2:])
-        flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
-        x = flat.index_select(0, layout.token_of_slot).reshape(layout.n_chunks, BT, *x.shape[2:])
-    dims = (2, 0, 1) + tuple(range(3, 3 + len(tail)))
-    return x.permute(dims).contiguous()
+    if not layout.simple:
+        return gather_chunks(x, layout.token_of_slot, BT)
+    B, T = x.shape[:2]
+    pad = layout.n_chunks // B * BT - T
+    if pad:
+        x = F.pad(x, (0, 0) * (x.ndim - 2) + (0, pad))
+    x = x.reshape(B * (layout.n_chunks // B), BT, *x.shape[2:])
+    return x.permute((2, 0, 1) + tuple(range(3, x.ndim))).contiguous()
 
 
 def from_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:

@@ -187,6 +187,7 @@ def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fuse
 
 
 def test_gather_and_scatter_chunks_invert_each_other():
+    """Row r of chunk n holds the token that slot_tokens names for it (zeros for padding); scatter undoes it."""
     from pathlab.kernels._layout import gather_chunks, scatter_chunks
 
     for B, T, layout in ((3, 37, build_layout(3, 37, 16, "cpu")),
@@ -194,5 +195,10 @@ def test_gather_and_scatter_chunks_invert_each_other():
         x = torch.randn(B, T, 2, 5)
         tokens = slot_tokens(layout, B, T)
         chunks = gather_chunks(x, tokens, 16)
-        torch.testing.assert_close(chunks, to_chunks(x, layout), rtol=0, atol=0)
+        flat = x.reshape(B * T, 2, 5)
+        for slot, tok in enumerate(tokens.tolist()):
+            want = flat[tok] if tok < B * T else torch.zeros(2, 5)
+            torch.testing.assert_close(chunks[:, slot // 16, slot % 16], want, rtol=0, atol=0)
+        if layout.simple:
+            torch.testing.assert_close(chunks, to_chunks(x, layout), rtol=0, atol=0)
         torch.testing.assert_close(scatter_chunks(chunks, tokens, B, T), x, rtol=0, atol=0)
