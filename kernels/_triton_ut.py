@@ -5,7 +5,7 @@ from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) t
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
 (kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes, with ieee fp32 products:
 
-    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   row by row: A_i = e_i − Σ_{j<i} N_ij A_j
+    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (16×16 diagonal blocks by substitution, then a short series)
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
 
@@ -28,8 +28,16 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ._layout import slot_tokens
+
+# W Wᵀ and the inverse A = (I + N)⁻¹ take 3-pass tf32 products (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
+# tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding); the other products take 1-pass tf32,
+# the precision of the scan's own products. Plain "ieee" fp32 products compile to unrolled FMA loops (minutes of
+# compilation for the backward) and 3-pass products everywhere need more shared memory than an H200 has.
+INVERSE_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
+PRECISION: tl.constexpr = tl.constexpr("tf32")
 
 
 @triton.jit
@@ -59,21 +67,41 @@ def _this_chunk(W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb
 
 
 @triton.jit
+def _unit_lower_inverse(n, rows, BT: tl.constexpr):
+    """A = (I + N)⁻¹ for strictly lower N ``[BT, BT]``, in two stages of matrix products.
+
+    1. The 16×16 diagonal blocks, all at once, by forward substitution: D starts as I and step i (1 … 15)
+       sets row i of every block, D_r ← D_r − Σ_j N_bd[r, j] D_j, as one product of the masked N_bd rows with D.
+    2. The rest: with E = D N_off (N below the diagonal blocks), I + N = (I + N_bd)(I + E), and E is strictly
+       block-lower, so E^(BT/16) = 0 and (I + E)⁻¹ = Σ_k (−E)^k = (I − E)(I + E²)(I + E⁴)⋯; A = (I + E)⁻¹ D.
+    """
+    SUB: tl.constexpr = 16
+    same_block = (rows[:, None] // SUB) == (rows[None, :] // SUB)
+    n_bd = tl.where(same_block, n, 0.0)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    d = eye
+    for i in range(1, SUB):
+        d -= tl.dot(tl.where((rows % SUB == i)[:, None], n_bd, 0.0), d, input_precision=INVERSE_PRECISION)
+    e = tl.dot(d, tl.where(same_block, 0.0, n), input_precision=INVERSE_PRECISION)
+    series = eye - e  # (I − E)(I + E²)⋯(I + E^(2^s)), s = 0, 0, 1, 2 squarings for BT/16 = 1, 2, 4, 8 blocks
+    power = e
+    for _ in tl.static_range(BT // 64):
+        power = tl.dot(power, power, input_precision=INVERSE_PRECISION)
+        series += tl.dot(series, power, input_precision=INVERSE_PRECISION)
+    return tl.dot(series, d, input_precision=INVERSE_PRECISION)
+
+
+@triton.jit
 def _chunk_factors(w, k, b, rows, BT: tl.constexpr):
-    """W Wᵀ, A = (I + strictLower(D_β W Wᵀ))⁻¹, A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
+    """A D_β (A = (I + strictLower(D_β W Wᵀ))⁻¹), U = A D_β W and X = A D_β strictLower(W Kᵀ); A and W Kᵀ."""
     strict = rows[:, None] > rows[None, :]
-    gram = tl.dot(w, tl.trans(w), input_precision="ieee")
-    n = tl.where(strict, b[:, None] * gram, 0.0)
-    a = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, BT):  # forward substitution: row i of A from the finished rows j < i (N[i, j ≥ i] = 0)
-        n_i = tl.sum(tl.where(rows[:, None] == i, n, 0.0), axis=0)  # N[i, :]
-        a_i = tl.sum(n_i[:, None] * a, axis=0)
-        a = tl.where(rows[:, None] == i, a - a_i[None, :], a)
+    n = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
+    a = _unit_lower_inverse(n, rows, BT)
     ad = a * b[None, :]
-    u = tl.dot(ad, w, input_precision="ieee")
-    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision="ieee"), 0.0)
-    x = tl.dot(ad, wk, input_precision="ieee")
-    return gram, a, ad, u, wk, x
+    u = tl.dot(ad, w, input_precision=PRECISION)
+    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
+    x = tl.dot(ad, wk, input_precision=PRECISION)
+    return a, ad, u, wk, x
 
 
 @triton.jit
@@ -84,19 +112,19 @@ def _ut_fwd_kernel(
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
         W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    gram, a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision="ieee"))
+    tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision=PRECISION))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
-             tl.dot(tl.trans(w), u, input_precision="ieee"))
+             tl.dot(tl.trans(w), u, input_precision=PRECISION))
     lower = rows[:, None] >= rows[None, :]
     for gi in range(GROUP):
         h = hk * GROUP + gi
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision="ieee"), 0.0)
+        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
         qrow = (h * NC + n) * BT + rows[:, None]
-        tl.store(QS + qrow * D + dcol[None, :], q - tl.dot(qw, u, input_precision="ieee"))
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") - tl.dot(qw, x, input_precision="ieee")
+        tl.store(QS + qrow * D + dcol[None, :], q - tl.dot(qw, u, input_precision=PRECISION))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) - tl.dot(qw, x, input_precision=PRECISION)
         tl.store(SD + qrow * BT + rows[None, :], s)
 
 
@@ -108,14 +136,14 @@ def _ut_bwd_kernel(
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
         W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    gram, a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dk_end = tl.load(DKS + chunk)
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-    du = tl.dot(w, dm, input_precision="ieee")  # M = Wᵀ U
-    dw = tl.dot(u, tl.trans(dm), input_precision="ieee")
-    dx = -tl.dot(w, tl.trans(dk_end), input_precision="ieee")  # k̃ = K − Xᵀ W
-    dw -= tl.dot(x, dk_end, input_precision="ieee")
+    du = tl.dot(w, dm, input_precision=PRECISION)  # M = Wᵀ U
+    dw = tl.dot(u, tl.trans(dm), input_precision=PRECISION)
+    dx = -tl.dot(w, tl.trans(dk_end), input_precision=PRECISION)  # k̃ = K − Xᵀ W
+    dw -= tl.dot(x, dk_end, input_precision=PRECISION)
     dk = dk_end
     lower = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
@@ -126,30 +154,30 @@ def _ut_bwd_kernel(
         qrow = (h * NC + n) * BT + rows[:, None]
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
         ds = tl.load(DSD + qrow * BT + rows[None, :])
-        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision="ieee"), 0.0)
-        dqw = -tl.dot(dq_start, tl.trans(u), input_precision="ieee") - tl.dot(ds, tl.trans(x), input_precision="ieee")
+        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
+        dqw = -tl.dot(dq_start, tl.trans(u), input_precision=PRECISION) - tl.dot(ds, tl.trans(x), input_precision=PRECISION)
         dqw = tl.where(lower, dqw, 0.0)
-        dq = dq_start + tl.dot(ds, k, input_precision="ieee") + tl.dot(dqw, w, input_precision="ieee")
+        dq = dq_start + tl.dot(ds, k, input_precision=PRECISION) + tl.dot(dqw, w, input_precision=PRECISION)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
-        du -= tl.dot(tl.trans(qw), dq_start, input_precision="ieee")
-        dx -= tl.dot(tl.trans(qw), ds, input_precision="ieee")
-        dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-        dw += tl.dot(tl.trans(dqw), q, input_precision="ieee")
+        du -= tl.dot(tl.trans(qw), dq_start, input_precision=PRECISION)
+        dx -= tl.dot(tl.trans(qw), ds, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+        dw += tl.dot(tl.trans(dqw), q, input_precision=PRECISION)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
-    dad = tl.dot(du, tl.trans(w), input_precision="ieee") + tl.dot(dx, tl.trans(wk), input_precision="ieee")
-    dw += tl.dot(tl.trans(ad), du, input_precision="ieee")
-    dwk = tl.where(strict, tl.dot(tl.trans(ad), dx, input_precision="ieee"), 0.0)
-    dw += tl.dot(dwk, k, input_precision="ieee")
-    dk += tl.dot(tl.trans(dwk), w, input_precision="ieee")
+    dad = tl.dot(du, tl.trans(w), input_precision=PRECISION) + tl.dot(dx, tl.trans(wk), input_precision=PRECISION)
+    dw += tl.dot(tl.trans(ad), du, input_precision=PRECISION)
+    dwk = tl.where(strict, tl.dot(tl.trans(ad), dx, input_precision=PRECISION), 0.0)
+    dw += tl.dot(dwk, k, input_precision=PRECISION)
+    dk += tl.dot(tl.trans(dwk), w, input_precision=PRECISION)
     # A D_β, then A = (I + N)⁻¹ and N = strictLower(D_β W Wᵀ)
     da = dad * b[None, :]
     db = tl.sum(a * dad, axis=0)
     at = tl.trans(a)
-    dn = -tl.dot(tl.dot(at, da, input_precision="ieee"), at, input_precision="ieee")
+    dn = -tl.dot(tl.dot(at, da, input_precision=PRECISION), at, input_precision=PRECISION)
     dn = tl.where(strict, dn, 0.0)
-    db += tl.sum(dn * gram, axis=1)
+    db += tl.sum(dn * tl.dot(w, tl.trans(w), input_precision=PRECISION), axis=1)  # W Wᵀ again, not kept live
     dgram = dn * b[:, None]
-    dw += tl.dot(dgram + tl.trans(dgram), w, input_precision="ieee")
+    dw += tl.dot(dgram + tl.trans(dgram), w, input_precision=PRECISION)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
@@ -162,8 +190,17 @@ def _ut_bwd_kernel(
 # ---------------------------------------------------------------------------------------------------------
 # Custom ops, as for the scan (see ``path``): opaque to torch.compile, joined by ``register_autograd``.
 
-def _launch_warps(D: int) -> int:
-    return 8 if D >= 128 else 4
+_NUM_WARPS = 8  # two warp groups: each fp32 [BT, D] tile takes half the registers per thread that 4 warps need
+
+
+def _launch(kernel, grid, *args, GROUP, BT, D):
+    """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error."""
+    try:
+        kernel[grid](*args, GROUP=GROUP, BT=BT, D=D, num_warps=_NUM_WARPS)
+    except OutOfResources as err:
+        raise RuntimeError(
+            f"the fused UT kernels do not fit this GPU for head dim {D}, {GROUP} query heads per kv head and "
+            f"block size {BT} ({err}); use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
 
 def _strides(q, k, w, beta):
@@ -193,8 +230,8 @@ def _ut_fwd_impl(q, k, w, beta, tokens, block):
     m = torch.full((Hkv, NC, D, D), float("nan"), **f32)
     sd = torch.full((H, NC, BT, BT), float("nan"), **f32)
     if NC > 0:
-        _ut_fwd_kernel[(NC, Hkv)](q, k, w, beta, tokens, qs, ks, m, sd, NC, T, B * T, *_strides(q, k, w, beta),
-                                  GROUP=H // Hkv, BT=BT, D=D, num_warps=_launch_warps(D))
+        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, qs, ks, m, sd, NC, T, B * T,
+                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return qs, ks, m, sd
 
 
@@ -217,8 +254,8 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
     dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        _ut_bwd_kernel[(NC, Hkv)](q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
-                                  *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, num_warps=_launch_warps(D))
+        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
+                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return dq, dk, dw, dbeta
 
 

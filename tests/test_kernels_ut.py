@@ -73,6 +73,7 @@ CASES = [
     pytest.param(2, 43, 4, 2, 32, 16, (0.0, 2.0), id="B2-T43-H4kv2-BT16-D32"),
     pytest.param(1, 70, 3, 1, 64, 32, (0.0, 2.0), id="T70-H3kv1-BT32-D64"),
     pytest.param(1, 100, 2, 2, 128, 64, (0.0, 2.0), id="T100-BT64-D128"),
+    pytest.param(1, 200, 2, 1, 16, 128, (0.0, 2.0), id="T200-H2kv1-BT128-D16"),  # two squarings in the inverse
     pytest.param(1, 40, 2, 1, 32, 32, (0.0, 1e-3), id="T40-H2kv1-D32-beta-near-0"),
     pytest.param(1, 40, 2, 2, 32, 32, (1.999, 2.0), id="T40-D32-beta-near-2"),
 ]
@@ -202,3 +203,22 @@ def test_gather_and_scatter_chunks_invert_each_other():
         if layout.simple:
             torch.testing.assert_close(chunks, to_chunks(x, layout), rtol=0, atol=0)
         torch.testing.assert_close(scatter_chunks(chunks, tokens, B, T), x, rtol=0, atol=0)
+
+
+def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
+    """A configuration whose tiles exceed the GPU's shared memory (Triton's OutOfResources at launch) names the
+    head dim, the grouping and the way out, ut='torch'."""
+    from triton.runtime.errors import OutOfResources
+
+    import pathlab.kernels._triton_ut as fused
+
+    class TooLarge:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                raise OutOfResources(360448, 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(fused, "_ut_fwd_kernel", TooLarge())
+    q, k, w, beta = token_inputs(1, 20, 2, 1, 16, (0.0, 2.0), seed=3)
+    with pytest.raises(RuntimeError, match=r"head dim 16, 2 query heads per kv head.*ut='torch'"):
+        ut_factors_triton(q, k, w, beta, build_layout(1, 20, 16, "cpu"))
