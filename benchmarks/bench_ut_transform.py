@@ -1,0 +1,106 @@
+"""The per-chunk UT transform alone: the fused Triton kernels (``ut="triton"``) against the PyTorch route.
+
+For each size (T, H, Hkv, D; B = 1, bf16 q and k, fp32 w and β ∈ [1.5, 2], chunks of 64) it records the
+first-call (compilation) time of the fused forward and backward, the relative L2 error of the four factors and
+four input gradients against the PyTorch route (fp32 products, the reference), NaN flags, and the median
+forward and forward+backward times of both routes; then prints the compiled kernels' registers, spills and
+shared memory. A size whose kernels do not fit the GPU records the error and the run goes on.
+
+    python benchmarks/bench_ut_transform.py --out ut-transform.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+
+import torch
+
+
+def rel_l2(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def measure(T, H, Hkv, D):
+    import triton.testing
+
+    from pathlab.kernels._layout import build_layout
+    from pathlab.kernels._triton_ut import ut_factors_triton
+    from pathlab.kernels.path import _ut_factors_torch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    q, k, w = r(1, T, H, D).bfloat16(), r(1, T, Hkv, D).bfloat16(), r(1, T, Hkv, D)
+    beta = 1.5 + 0.5 * torch.rand(1, T, Hkv, device="cuda", generator=gen)
+    layout = build_layout(1, T, 64, "cuda")
+    fused = [x.detach().requires_grad_() for x in (q, k, w, beta)]
+    plain = [x.detach().requires_grad_() for x in (q, k, w, beta)]
+
+    start = time.time()
+    got = ut_factors_triton(*fused, layout)
+    torch.cuda.synchronize()
+    first_fwd = time.time() - start
+    upstream = [torch.randn_like(x) for x in got]
+    start = time.time()
+    got_grads = torch.autograd.grad(got, fused, upstream)
+    torch.cuda.synchronize()
+    first_bwd = time.time() - start
+    want = _ut_factors_torch(*plain, layout)
+    want_grads = torch.autograd.grad(want, plain, upstream)
+
+    errs = {f"out{i}": rel_l2(a, b) for i, (a, b) in enumerate(zip(got, want))}
+    errs.update({f"d{n}": rel_l2(a, b) for n, a, b in zip("qkwb", got_grads, want_grads)})
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, return_mode="median")
+
+    return dict(
+        first_fwd_s=first_fwd, first_bwd_s=first_bwd, errs=errs,
+        nans=[bool(torch.isnan(x).any()) for x in list(got) + list(got_grads)],
+        fused_fwd_ms=bench(lambda: ut_factors_triton(*fused, layout)),
+        fused_fwdbwd_ms=bench(lambda: torch.autograd.grad(ut_factors_triton(*fused, layout), fused, upstream)),
+        torch_fwd_ms=bench(lambda: _ut_factors_torch(*plain, layout)),
+        torch_fwdbwd_ms=bench(lambda: torch.autograd.grad(_ut_factors_torch(*plain, layout), plain, upstream)),
+    )
+
+
+def print_resources():
+    """Registers, spills and shared memory of every compiled variant of the two kernels."""
+    from pathlab.kernels._triton_ut import _ut_bwd_kernel, _ut_fwd_kernel
+
+    for kernel in (_ut_fwd_kernel, _ut_bwd_kernel):
+        for cache in getattr(kernel, "device_caches", {}).values():
+            for compiled in cache[0].values():
+                try:
+                    compiled._init_handles()
+                    print("  ", kernel.fn.__name__, "regs", compiled.n_regs, "spills", compiled.n_spills,
+                          "shared", compiled.metadata.shared, flush=True)
+                except Exception as err:  # noqa: BLE001  (a variant that does not fit: report it, go on)
+                    print("  ", kernel.fn.__name__, "resource info failed", err)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="300x4x2x64,4096x12x12x64,512x16x16x128", help="comma list of TxHxHkvxD")
+    ap.add_argument("--out", default="ut-transform.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("this benchmark needs a CUDA GPU")
+    out = {}
+    for size in args.sizes.split(","):
+        T, H, Hkv, D = map(int, size.split("x"))
+        try:
+            out[size] = measure(T, H, Hkv, D)
+        except Exception:  # noqa: BLE001  (record the failure, keep going)
+            out[size] = dict(error=traceback.format_exc()[-3000:])
+        print(size, json.dumps(out[size])[:1500], flush=True)
+        print_resources()
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
