@@ -12,7 +12,7 @@ into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
 
-The backward recomputes A, U, X from (W, K, β) in its own program, so autograd keeps only the
+The backward runs the inverse kernel again and recomputes U, X from (W, K, β), so autograd keeps only the
 inputs (the PyTorch version keeps fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
 forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_raw‖ (dW / ε where ‖w_raw‖ ≤ ε):
 
@@ -71,13 +71,14 @@ def _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
 
 
 @triton.jit
-def _this_chunk(W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
+def _this_chunk(W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
                 BT: tl.constexpr, D: tl.constexpr):
-    """The chunk's rows (as ``_chunk_rows``), w, ‖w_raw‖, k and β."""
+    """The chunk's rows (as ``_chunk_rows``), w, ‖w_raw‖, k, β and A (written by ``_ut_inverse_kernel``)."""
     n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
     w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
-    return n, hk, rows, dcol, tok, valid, w, norm, k, b
+    a = tl.load(AINV + ((hk * tl.num_programs(0) + n) * BT + rows[:, None]) * BT + rows[None, :])
+    return n, hk, rows, dcol, tok, valid, w, norm, k, b, a
 
 
 @triton.jit
@@ -106,23 +107,17 @@ def _unit_lower_inverse(n, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _inverse_of(w, b, rows, BT: tl.constexpr):
-    """A = (I + strictLower(D_β W Wᵀ))⁻¹."""
-    gram = tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION)
-    return _unit_lower_inverse(tl.where(rows[:, None] > rows[None, :], b[:, None] * gram, 0.0), rows, BT)
-
-
-@triton.jit
 def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
                        BT: tl.constexpr, D: tl.constexpr):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32).
 
     A kernel of its own, so that the 3-pass products of the inverse and the products of the transform never
-    share one program's shared memory. The backward computes A itself (``_inverse_of``): loading it from this
-    buffer needs more shared memory there than recomputing it, too much for grouped heads at D = 64."""
+    share one program's shared memory (together they exceed an H200's at D = 128)."""
     n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
     w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
-    a = _inverse_of(w, b, rows, BT)
+    strict = rows[:, None] > rows[None, :]
+    nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
+    a = _unit_lower_inverse(nmat, rows, BT)
     tl.store(AINV + ((hk * tl.num_programs(0) + n) * BT + rows[:, None]) * BT + rows[None, :], a)
 
 
@@ -142,9 +137,8 @@ def _ut_fwd_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
-        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    a = tl.load(AINV + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :])  # from _ut_inverse_kernel
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision=PRECISION))
@@ -163,13 +157,12 @@ def _ut_fwd_kernel(
 
 @triton.jit
 def _ut_bwd_kernel(
-    Q, K, W, BETA, TOK, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
-        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    a = _inverse_of(w, b, rows, BT)
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dk_end = tl.load(DKS + chunk)
@@ -301,7 +294,8 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
     dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
+        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), *grads,
+                dq, dk, dw, dbeta, NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return dq, dk, dw, dbeta
 
