@@ -1,19 +1,16 @@
-"""The per-chunk UT transform of ``_ut`` as fused Triton kernels: the inverse, the forward, the backward.
+"""The per-chunk UT transform of ``_ut`` as two fused Triton kernels (forward, and backward by recomputation).
 
 The outputs are those of :func:`kernels._ut.ut_factors`, which stays the reference; the inputs are read in place
 from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) through the chunk layout's token
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
-(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32. The inverse kernel computes
+(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes, with ieee fp32 products:
 
     N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (16×16 diagonal blocks by substitution, then a short series)
-
-into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 (see PRECISION), forms
-
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
 
-The backward runs the inverse kernel again and recomputes U, X from (W, K, β), so autograd keeps only the
-inputs (the PyTorch version keeps fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
+The backward recomputes N, A, U, X from (W, K, β), so autograd keeps only the inputs (the PyTorch version keeps
+fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
 forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_raw‖ (dW / ε where ‖w_raw‖ ≤ ε):
 
     dU = W dM − Σ_g Q_Wᵀ dq̃,   dX = −W dk̃ᵀ − Σ_g Q_Wᵀ dS_d
@@ -52,33 +49,21 @@ def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
 
 
 @triton.jit
-def _chunk_rows(TOK, NTOK, BT: tl.constexpr, D: tl.constexpr):
-    """This program's chunk n and kv head hk, its rows' flat tokens b·T + t (NTOK for padding) and validity."""
+def _this_chunk(W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
+                BT: tl.constexpr, D: tl.constexpr):
+    """This program's chunk n and kv head hk, its rows' flat tokens b·T + t (NTOK for padding) and validity, and
+    its w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖, k and β."""
     n = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
     tok = tl.load(TOK + n * BT + rows)
-    return n, hk, rows, tl.arange(0, D), tok, tok < NTOK
-
-
-@triton.jit
-def _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol):
-    """The chunk's w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖ and β."""
+    valid = tok < NTOK
     w_raw = _load_rows(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
     norm = tl.sqrt(tl.sum(w_raw * w_raw, axis=1))
-    b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
-    return w_raw / tl.maximum(norm, 1e-12)[:, None], norm, b
-
-
-@triton.jit
-def _this_chunk(W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
-                BT: tl.constexpr, D: tl.constexpr):
-    """The chunk's rows (as ``_chunk_rows``), w, ‖w_raw‖, k, β and A (written by ``_ut_inverse_kernel``)."""
-    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
-    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
-    a = tl.load(AINV + ((hk * tl.num_programs(0) + n) * BT + rows[:, None]) * BT + rows[None, :])
-    return n, hk, rows, dcol, tok, valid, w, norm, k, b, a
+    b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
+    return n, hk, rows, dcol, tok, valid, w_raw / tl.maximum(norm, 1e-12)[:, None], norm, k, b
 
 
 @triton.jit
@@ -107,39 +92,27 @@ def _unit_lower_inverse(n, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-                       BT: tl.constexpr, D: tl.constexpr):
-    """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32).
-
-    A kernel of its own, so that the 3-pass products of the inverse and the products of the transform never
-    share one program's shared memory (together they exceed an H200's at D = 128)."""
-    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
-    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+def _chunk_factors(w, k, b, rows, BT: tl.constexpr):
+    """A D_β (A = (I + strictLower(D_β W Wᵀ))⁻¹), U = A D_β W and X = A D_β strictLower(W Kᵀ); A and W Kᵀ."""
     strict = rows[:, None] > rows[None, :]
-    nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
-    a = _unit_lower_inverse(nmat, rows, BT)
-    tl.store(AINV + ((hk * tl.num_programs(0) + n) * BT + rows[:, None]) * BT + rows[None, :], a)
-
-
-@triton.jit
-def _chunk_factors(a, w, k, b, rows):
-    """A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
+    n = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
+    a = _unit_lower_inverse(n, rows, BT)
     ad = a * b[None, :]
     u = tl.dot(ad, w, input_precision=PRECISION)
-    wk = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
+    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
     x = tl.dot(ad, wk, input_precision=PRECISION)
-    return ad, u, wk, x
+    return a, ad, u, wk, x
 
 
 @triton.jit
 def _ut_fwd_kernel(
-    Q, K, W, BETA, TOK, AINV, QS, KS, M, SD, NC, T, NTOK,
+    Q, K, W, BETA, TOK, QS, KS, M, SD, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
+        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision=PRECISION))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
@@ -157,13 +130,13 @@ def _ut_fwd_kernel(
 
 @triton.jit
 def _ut_bwd_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
+    Q, K, W, BETA, TOK, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
+        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dk_end = tl.load(DKS + chunk)
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
@@ -220,26 +193,14 @@ def _ut_bwd_kernel(
 _NUM_WARPS = 8  # two warp groups: each fp32 [BT, D] tile takes half the registers per thread that 4 warps need
 
 
-def _launch(kernel, grid, *args, BT, D, **meta):
+def _launch(kernel, grid, *args, GROUP, BT, D):
     """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error."""
     try:
-        kernel[grid](*args, BT=BT, D=D, **meta, num_warps=_NUM_WARPS)
+        kernel[grid](*args, GROUP=GROUP, BT=BT, D=D, num_warps=_NUM_WARPS)
     except OutOfResources as err:
-        group = f", {meta['GROUP']} query heads per kv head" if "GROUP" in meta else ""
         raise RuntimeError(
-            f"the fused UT kernels do not fit this GPU for head dim {D}{group} and block size {BT} ({err}); "
-            f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
-
-
-def _inverse(w, beta, tokens, T, BT):
-    """A = (I + strictLower(D_β W Wᵀ))⁻¹ of every (kv head, chunk): ``[Hkv, NC, BT, BT]`` fp32 (w already unit-last)."""
-    B, Hkv, D = w.shape[0], w.shape[2], w.shape[3]
-    NC = tokens.numel() // BT
-    a = torch.empty((Hkv, NC, BT, BT), dtype=torch.float32, device=w.device)
-    if NC > 0:
-        _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
-                BT=BT, D=D)
-    return a
+            f"the fused UT kernels do not fit this GPU for head dim {D}, {GROUP} query heads per kv head and "
+            f"block size {BT} ({err}); use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
 
 def _strides(q, k, w, beta):
@@ -269,8 +230,7 @@ def _ut_fwd_impl(q, k, w, beta, tokens, block):
     m = torch.full((Hkv, NC, D, D), float("nan"), **f32)
     sd = torch.full((H, NC, BT, BT), float("nan"), **f32)
     if NC > 0:
-        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), qs, ks, m, sd,
-                NC, T, B * T,
+        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, qs, ks, m, sd, NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return qs, ks, m, sd
 
@@ -294,8 +254,7 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
     dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), *grads,
-                dq, dk, dw, dbeta, NC, T, B * T,
+        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return dq, dk, dw, dbeta
 
