@@ -3,7 +3,8 @@
 The outputs are those of :func:`kernels._ut.ut_factors`, which stays the reference; the inputs are read in place
 from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) through the chunk layout's token
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
-(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes, with ieee fp32 products:
+(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes (tf32 tensor-core products,
+3-pass where they feed the inverse: see PRECISION):
 
     N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (16×16 diagonal blocks by substitution, then a short series)
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
@@ -155,7 +156,8 @@ def _ut_bwd_kernel(
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
         ds = tl.load(DSD + qrow * BT + rows[None, :])
         qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
-        dqw = -tl.dot(dq_start, tl.trans(u), input_precision=PRECISION) - tl.dot(ds, tl.trans(x), input_precision=PRECISION)
+        dqw = -(tl.dot(dq_start, tl.trans(u), input_precision=PRECISION)
+                + tl.dot(ds, tl.trans(x), input_precision=PRECISION))
         dqw = tl.where(lower, dqw, 0.0)
         dq = dq_start + tl.dot(ds, k, input_precision=PRECISION) + tl.dot(dqw, w, input_precision=PRECISION)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
