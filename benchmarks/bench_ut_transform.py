@@ -24,29 +24,31 @@ def rel_l2(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def measure(T, H, Hkv, D):
+def measure(T, H, Hkv, D, device="cuda"):
+    """One size; on a CPU (Triton's interpreter) the times are left out (None)."""
     import triton.testing
 
     from pathlab.kernels._layout import build_layout
     from pathlab.kernels._triton_ut import ut_factors_triton
     from pathlab.kernels.path import _ut_factors_torch
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    gen = torch.Generator(device=device).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
     q, k, w = r(1, T, H, D).bfloat16(), r(1, T, Hkv, D).bfloat16(), r(1, T, Hkv, D)
-    beta = 1.5 + 0.5 * torch.rand(1, T, Hkv, device="cuda", generator=gen)
-    layout = build_layout(1, T, 64, "cuda")
+    beta = 1.5 + 0.5 * torch.rand(1, T, Hkv, device=device, generator=gen)
+    layout = build_layout(1, T, 64, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     fused = [x.detach().requires_grad_() for x in (q, k, w, beta)]
     plain = [x.detach().requires_grad_() for x in (q, k, w, beta)]
 
     start = time.time()
     got = ut_factors_triton(*fused, layout)
-    torch.cuda.synchronize()
+    sync()
     first_fwd = time.time() - start
     upstream = [torch.randn_like(x) for x in got]
     start = time.time()
     got_grads = torch.autograd.grad(got, fused, upstream)
-    torch.cuda.synchronize()
+    sync()
     first_bwd = time.time() - start
     want = _ut_factors_torch(*plain, layout)
     want_grads = torch.autograd.grad(want, plain, upstream)
@@ -55,7 +57,7 @@ def measure(T, H, Hkv, D):
     errs.update({f"d{n}": rel_l2(a, b) for n, a, b in zip("qkwb", got_grads, want_grads)})
 
     def bench(fn):
-        return triton.testing.do_bench(fn, return_mode="median")
+        return triton.testing.do_bench(fn, return_mode="median") if device == "cuda" else None
 
     return dict(
         first_fwd_s=first_fwd, first_bwd_s=first_bwd, errs=errs,

@@ -222,3 +222,23 @@ def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
     q, k, w, beta = token_inputs(1, 20, 2, 1, 16, (0.0, 2.0), seed=3)
     with pytest.raises(RuntimeError, match=r"head dim 16, 2 query heads per kv head.*ut='torch'"):
         ut_factors_triton(q, k, w, beta, build_layout(1, 20, 16, "cpu"))
+
+
+def test_ut_transform_benchmark_runs_on_the_cpu():
+    """``benchmarks/bench_ut_transform.py`` at one small size under the interpreter: the fused and PyTorch routes
+    agree to fp32 rounding there (the interpreter computes tf32 products in fp32) in the fp32 factors and in dw,
+    dβ, and to bf16 rounding in dq, dk (bf16 like q, k); nothing is NaN, and the times are left out on a CPU."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ut_transform.py"
+    spec = importlib.util.spec_from_file_location("bench_ut_transform", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.measure(70, 2, 1, 16, device="cpu")
+    assert set(row["errs"]) == {"out0", "out1", "out2", "out3", "dq", "dk", "dw", "db"}
+    errs = row["errs"]
+    assert max(errs[n] for n in ("out0", "out1", "out2", "out3", "dw", "db")) < 1e-5, errs
+    assert max(errs["dq"], errs["dk"]) < 1e-2, errs  # one bf16 rounding (2⁻⁸ relative) apart at most
+    assert not any(row["nans"])
+    assert row["fused_fwd_ms"] is None and row["torch_fwdbwd_ms"] is None
