@@ -18,10 +18,7 @@ import traceback
 
 import torch
 
-
-def rel_l2(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+from pathlab.testing import rel_err
 
 
 def measure(T, H, Hkv, D, device="cuda"):
@@ -53,8 +50,8 @@ def measure(T, H, Hkv, D, device="cuda"):
     want = _ut_factors_torch(*plain, layout)
     want_grads = torch.autograd.grad(want, plain, upstream)
 
-    errs = {f"out{i}": rel_l2(a, b) for i, (a, b) in enumerate(zip(got, want))}
-    errs.update({f"d{n}": rel_l2(a, b) for n, a, b in zip("qkwb", got_grads, want_grads)})
+    errs = {f"out{i}": rel_err(a, b) for i, (a, b) in enumerate(zip(got, want))}
+    errs.update({f"d{n}": rel_err(a, b) for n, a, b in zip("qkwb", got_grads, want_grads)})
 
     def bench(fn):
         return triton.testing.do_bench(fn, return_mode="median") if device == "cuda" else None

@@ -94,7 +94,7 @@ def _unit_lower_inverse(n, rows, BT: tl.constexpr):
 
 @triton.jit
 def _chunk_factors(w, k, b, rows, BT: tl.constexpr):
-    """A D_β (A = (I + strictLower(D_β W Wᵀ))⁻¹), U = A D_β W and X = A D_β strictLower(W Kᵀ); A and W Kᵀ."""
+    """A = (I + strictLower(D_β W Wᵀ))⁻¹, A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
     strict = rows[:, None] > rows[None, :]
     n = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
     a = _unit_lower_inverse(n, rows, BT)
