@@ -13,6 +13,8 @@ the shadow's precision and rewritten only every R steps.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -306,17 +308,29 @@ def _pow2_floor(x):
     return 1 << (int(x).bit_length() - 1)
 
 
-def _programs_target(device):
-    """Programs of the split-K attention (over batch × kv heads × splits). 16 per SM: the kernel is latency-bound
-    per program, so more, shorter splits read faster (H200, B = 1, 12 × 64, 64K cached tokens, the attention kernel
-    alone: 148 µs at 4 per SM, 117 µs at 16, while the merge of the extra partials grows from 2.5 to 5 µs)."""
+def attend_config(head_dim, device):
+    """(key block, num_warps, num_stages, programs per SM) of the split-K attention over the base keys.
+
+    Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
+    heads × splits; on the H200, B = 1, 12 × 64, 64K cached tokens, the attention kernel alone took 148 µs at 4
+    programs per SM and 117 µs at 16, while the merge of the extra partials grew from 2.5 to 5 µs). On the
+    interpreter: 8 programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm"``
+    overrides it (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
+    """
+    default = [64 if head_dim <= 64 else 32, 4, 3, 16]
+    env = os.environ.get("PATHLAB_DECODE_ATTEND", "")
+    if env:
+        parts = [int(x) if x.strip().isdigit() else 0 for x in env.split(",")]
+        if not 1 <= len(parts) <= 4 or any(x < 1 for x in parts) or parts[0] & (parts[0] - 1):
+            raise ValueError(f"PATHLAB_DECODE_ATTEND must be 'block[,warps[,stages[,per_sm]]]' with a power-of-two "
+                             f"block and positive integers, got {env!r}")
+        default[:len(parts)] = parts
+    block, warps, stages, per_sm = default
     if device.type == "cuda":
-        return 16 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # the interpreter: a few splits, enough to exercise the merge
-
-
-def _attend_block(D):
-    return 64 if D <= 64 else 32
+        programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        programs = 8
+    return block, warps, stages, programs
 
 
 class DeferredWorkspace:
@@ -333,8 +347,8 @@ class DeferredWorkspace:
     def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device):
         device = torch.device(device)
         bh = batch * n_kv_heads
-        self.block = _attend_block(head_dim)
-        self.max_split = max(1, min(triton.cdiv(max_len, self.block), triton.cdiv(_programs_target(device), bh)))
+        self.block, self.attend_warps, self.attend_stages, programs = attend_config(head_dim, device)
+        self.max_split = max(1, min(triton.cdiv(max_len, self.block), triton.cdiv(programs, bh)))
         self.n_slots = 1 + self.max_split
         self.rp = _pow2(max(defer, 2))  # rows of the recent-key tile
         self.ch = _pow2_floor(max(1, min(head_dim, 8192 // (group * head_dim))))  # rows of M per chunk
@@ -397,6 +411,7 @@ def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, s
         k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc, ws.pos,
         L, ws.n_slots,
         GROUP=group, HAS_GATE=has_gate, BLOCK=ws.block, D=D, DV=DV,
+        num_warps=ws.attend_warps, num_stages=ws.attend_stages,
     )
     o = torch.empty(B, 1, H, DV, dtype=q.dtype, device=q.device)
     _deferred_merge_kernel[(B * Hkv,)](

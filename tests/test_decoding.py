@@ -397,3 +397,29 @@ def test_bench_decode_smoke_on_cpu():
     assert row["graph_skipped"].startswith("not requested")
     with pytest.raises(ValueError, match="shadow"):
         bench.bench_decode([48], 2, 16, "cpu", shadow="fp8")
+
+
+def test_attend_sweep_checks_every_config_on_cpu():
+    """``benchmarks/sweep_decode_attend.py`` runs the split-K attention kernel under each launch config and checks
+    it against the softmax over the same keys (on the CPU: the interpreter, no times)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_decode_attend.py"
+    spec = importlib.util.spec_from_file_location("sweep_decode_attend", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    result = sweep.sweep(150, 2, 16, [32, 64], [4], [1], [2, 4], device="cpu")
+    assert [(r["block"], r["splits"]) for r in result["rows"]] == [(32, 1), (32, 2), (64, 1), (64, 2)]
+    assert all(r["rel_err"] < 1e-5 for r in result["rows"])
+
+
+def test_attend_config_reads_the_environment(monkeypatch):
+    from pathlab.kernels.decode import attend_config
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("PATHLAB_DECODE_ATTEND", raising=False)
+    assert attend_config(64, cpu) == (64, 4, 3, 8) and attend_config(128, cpu)[0] == 32
+    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "128,8")
+    assert attend_config(64, cpu) == (128, 8, 3, 8)
+    for bad in ("96", "64,0", "1,2,3,4,5", "x"):
+        monkeypatch.setenv("PATHLAB_DECODE_ATTEND", bad)
+        with pytest.raises(ValueError, match="PATHLAB_DECODE_ATTEND must be"):
+            attend_config(64, cpu)

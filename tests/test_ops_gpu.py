@@ -72,3 +72,36 @@ def test_rotation_bf16_gradients_under_each_sdpa_backend(rotate_values, backend)
     assert rel_err(out, out_ref) < 2e-2
     for name, got, want in zip(("q", "k", "v", "theta"), grads, grads_ref):
         assert rel_err(got, want) < 2e-2, f"{backend}: d{name} {rel_err(got, want):.2e}"
+
+
+@pytest.mark.parametrize("rotate_values", [False, True], ids=["qk", "qkv"])
+@pytest.mark.parametrize("variant", ["rope", "rotation"])
+def test_rotation_kernel_matches_the_pytorch_rotation(variant, rotate_values, monkeypatch):
+    """RoPE and constant-angle rotations run through ``pathlab::rotate_pairs`` on CUDA; the same call with
+    ``PATHLAB_ROTATE=torch`` (the PyTorch expression) and the fp64 reference agree with it, output and gradients."""
+    from pathlab.ops import positions
+
+    if variant == "rope" and rotate_values:
+        pytest.skip("RoPE rotates queries and keys only")
+    q, k, v, theta, _ = _inputs(2, 333, 4, 64, torch.bfloat16)
+    theta = theta.detach()  # constant angles, as the random rotations have: the op's case
+
+    def run(backend):
+        monkeypatch.setattr(positions, "ROTATE_BACKEND", backend)
+        if variant == "rope":
+            out = pathlab.rope_attention(q, k, v)
+        else:
+            out = pathlab.rotation_attention(q, k, v, theta, rotate_values=rotate_values)
+        return [out, *torch.autograd.grad(out, (q, k, v), d_out)]
+
+    d_out = torch.randn(2, 333, 4, 64, device="cuda", dtype=torch.bfloat16)
+    fast, slow = run("triton"), run("torch")
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    if variant == "rope":
+        ref_out = reference.rope_attention(*ref_in)
+    else:
+        ref_out = reference.rotation_attention(*ref_in, theta.double(), rotate_values=rotate_values)
+    ref = [ref_out, *torch.autograd.grad(ref_out, ref_in, d_out.double())]
+    for name, a, b, r in zip(("o", "dq", "dk", "dv"), fast, slow, ref):
+        assert rel_err(a, b) < 1e-2, f"{name}: kernel vs PyTorch {rel_err(a, b):.2e}"
+        assert rel_err(a, r) < 2e-2, f"{name}: kernel vs fp64 {rel_err(a, r):.2e}"

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 
 import torch
 
 TWO_PI = 2.0 * math.pi
+ROTATE_BACKEND = os.environ.get("PATHLAB_ROTATE", "triton")  # "torch": rotations stay PyTorch expressions on CUDA
+if ROTATE_BACKEND not in ("triton", "torch"):
+    raise ValueError(f"PATHLAB_ROTATE must be 'triton' or 'torch', got {ROTATE_BACKEND!r}")
 
 
 def _check_rotary(head_dim: int, base: float) -> None:
@@ -77,7 +81,17 @@ def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
                    inverse: bool = False) -> torch.Tensor:
     """Apply R(φ_b) (R(−φ_b) with ``inverse``) to each pair (x_b, x_{b+D/2}) given cos φ and sin φ:
     ``x [..., D]``, ``cos``/``sin`` broadcastable to ``[..., D/2]``. The arithmetic runs in cos's dtype; the result
-    has x's dtype."""
+    has x's dtype.
+
+    On CUDA, a ``[B, T, H, D]`` x rotated by fp32 tables that need no gradient (RoPE, random rotations) goes
+    through the Triton op ``pathlab::rotate_pairs`` (:mod:`pathlab.kernels.rotary`, same arithmetic), unless
+    ``PATHLAB_ROTATE=torch`` was set when pathlab was imported.
+    """
+    if x.is_cuda and ROTATE_BACKEND == "triton":
+        from pathlab.kernels.rotary import rotate_pairs, supports
+
+        if supports(x, cos, sin):
+            return rotate_pairs(x, cos, sin, -1 if inverse else 1)
     work = cos.dtype
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].to(work), x[..., half:].to(work)

@@ -1,0 +1,113 @@
+"""Launch configurations of the deferred decode step's split-K attention (``_deferred_attend_kernel``) alone.
+
+The attention over the base keys reads the fp16 shadow keys and bf16 values once per step: the same bytes as
+plain decoding. For one cache (B = 1, H × D, ``--length`` cached tokens, all of them base keys) it times the
+kernel (median of ``triton.testing.do_bench``) for every (key block, num_warps, num_stages, programs per SM) of
+the grid, checks each against the softmax over the same keys in fp32, and times plain decoding's attention over
+a bf16 cache of the same length (SDPA, one query row) as the yardstick. Reports GB/s and the ratio to SDPA.
+
+    python benchmarks/sweep_decode_attend.py --out decode-attend-sweep.json
+
+Use the best row through ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm"`` or as the new default of
+``pathlab.kernels.decode.attend_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def sweep(length, H, D, blocks, warps, stages, per_sm, device="cuda"):
+    import triton
+    import triton.testing
+
+    from pathlab.kernels.decode import _deferred_attend_kernel
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    keys = torch.randn(1, H, length, D, device=device, generator=gen).half()  # the fp16 shadow
+    values = torch.randn(1, H, length, D, device=device, generator=gen).bfloat16()
+    qt = torch.randn(H, 1, D, device=device, generator=gen) * (D ** -0.5 / math.log(2))  # q_τ · scale · log2 e
+    pos = torch.tensor([length, length], dtype=torch.int32, device=device)  # n, base: every key is a base key
+    want = F.scaled_dot_product_attention(qt[None].float() * math.log(2), keys.float(), values.float(), scale=1.0)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
+    nbytes = keys.numel() * 2 + values.numel() * 2
+    rows = []
+    for block, nw, ns, ps in itertools.product(blocks, warps, stages, per_sm):
+        splits = max(1, min(triton.cdiv(length, block), triton.cdiv(ps * sms, H)))
+        n_slots = 1 + splits
+        m = torch.full((H, n_slots, 1), float("-inf"), device=device)
+        l = torch.zeros(H, n_slots, 1, device=device)
+        acc = torch.zeros(H, n_slots, 1, D, device=device)
+
+        def run():
+            _deferred_attend_kernel[(H, splits)](
+                keys, values, values, qt, m, l, acc, pos, length, n_slots,
+                GROUP=1, HAS_GATE=False, BLOCK=block, D=D, DV=D, num_warps=nw, num_stages=ns)
+
+        row = dict(block=block, warps=nw, stages=ns, per_sm=ps, splits=splits)
+        try:
+            run()
+            top = m.max(1, keepdim=True).values  # slot 0 (the recent part) is empty here: m = −inf, l = 0
+            wgt = torch.exp2(m - top)
+            got = (acc * wgt[..., None]).sum(1) / (l * wgt).sum(1)[..., None]  # [H, 1, D]
+            row["rel_err"] = float((got - want[0]).norm() / want[0].norm())
+            if device == "cuda":
+                row["us"] = 1e3 * triton.testing.do_bench(run, warmup=25, rep=100)
+                row["gb_per_s"] = nbytes / (row["us"] * 1e-6) / 1e9
+        except Exception as err:  # a config that does not compile or fit is recorded, the sweep goes on
+            row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    result = dict(length=length, H=H, D=D, bytes_per_step=nbytes, rows=rows)
+    if device != "cuda":  # the interpreter: correctness only
+        return result
+    q = torch.randn(1, H, 1, D, device=device, generator=gen).bfloat16()
+    kb = keys.bfloat16()
+    sdpa_us = 1e3 * triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, kb, values), warmup=25, rep=100)
+    for row in rows:
+        if "us" in row:
+            row["ratio_to_sdpa"] = row["us"] / sdpa_us
+    return dict(result, sdpa_us=sdpa_us, sdpa_gb_per_s=nbytes / (sdpa_us * 1e-6) / 1e9)
+
+
+def _ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--length", type=int, default=65536)
+    ap.add_argument("--shape", default="12x64", help="HxD (B = 1, one query head per kv head)")
+    ap.add_argument("--blocks", default="64,128,256")
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--stages", default="1,3")
+    ap.add_argument("--per-sm", default="4,8,16")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    H, D = (int(x) for x in args.shape.split("x"))
+    result = dict(command="python3 benchmarks/sweep_decode_attend.py " + " ".join(argv or []),
+                  device=torch.cuda.get_device_name(), torch=torch.__version__)
+    import triton
+
+    result["triton"] = triton.__version__
+    result.update(sweep(args.length, H, D, _ints(args.blocks), _ints(args.warps), _ints(args.stages),
+                        _ints(args.per_sm)))
+    ok = [r for r in result["rows"] if "us" in r and r["rel_err"] < 1e-2]
+    if ok:
+        result["best"] = min(ok, key=lambda r: r["us"])
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
