@@ -21,7 +21,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 from pathlab.kernels.rotary import rotate_pairs, supports  # noqa: E402
-from pathlab.ops import positions  # noqa: E402
 from pathlab.ops.positions import rotate_cos_sin  # noqa: E402
 from pathlab.testing import rel_err  # noqa: E402
 
