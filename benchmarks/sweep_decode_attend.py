@@ -2,13 +2,13 @@
 
 The attention over the base keys reads the fp16 shadow keys and bf16 values once per step: the same bytes as
 plain decoding. For one cache (B = 1, H × D, ``--length`` cached tokens, all of them base keys) it times the
-kernel (median of ``triton.testing.do_bench``) for every (key block, num_warps, num_stages, programs per SM) of
-the grid, checks each against the softmax over the same keys in fp32, and times plain decoding's attention over
+kernel (median of ``triton.testing.do_bench``) for every (CUDA-core or tensor-core products, key block,
+num_warps, num_stages, programs per SM) of the grid, checks each against the softmax over the same keys in fp32, and times plain decoding's attention over
 a bf16 cache of the same length (SDPA, one query row) as the yardstick. Reports GB/s and the ratio to SDPA.
 
     python benchmarks/sweep_decode_attend.py --out decode-attend-sweep.json
 
-Use the best row through ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm"`` or as the new default of
+Use the best row through ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` or as the new default of
 ``pathlab.kernels.decode.attend_config``.
 """
 
@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 
-def sweep(length, H, D, blocks, warps, stages, per_sm, device="cuda"):
+def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda"):
     import triton
     import triton.testing
 
-    from pathlab.kernels.decode import _deferred_attend_kernel
+    from pathlab.kernels.decode import attend
 
     gen = torch.Generator(device=device).manual_seed(0)
     keys = torch.randn(1, H, length, D, device=device, generator=gen).half()  # the fp16 shadow
@@ -38,7 +38,7 @@ def sweep(length, H, D, blocks, warps, stages, per_sm, device="cuda"):
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1
     nbytes = keys.numel() * 2 + values.numel() * 2
     rows = []
-    for block, nw, ns, ps in itertools.product(blocks, warps, stages, per_sm):
+    for dot, block, nw, ns, ps in itertools.product(dots, blocks, warps, stages, per_sm):
         splits = max(1, min(triton.cdiv(length, block), triton.cdiv(ps * sms, H)))
         n_slots = 1 + splits
         m = torch.full((H, n_slots, 1), float("-inf"), device=device)
@@ -46,11 +46,10 @@ def sweep(length, H, D, blocks, warps, stages, per_sm, device="cuda"):
         acc = torch.zeros(H, n_slots, 1, D, device=device)
 
         def run():
-            _deferred_attend_kernel[(H, splits)](
-                keys, values, values, qt, m, l, acc, pos, length, n_slots,
-                GROUP=1, HAS_GATE=False, BLOCK=block, D=D, DV=D, num_warps=nw, num_stages=ns)
+            attend(keys, values, values, qt, m, l, acc, pos, length, n_slots, H, splits, group=1, has_gate=False,
+                   block=block, warps=nw, stages=ns, dot=bool(dot))
 
-        row = dict(block=block, warps=nw, stages=ns, per_sm=ps, splits=splits)
+        row = dict(dot=dot, block=block, warps=nw, stages=ns, per_sm=ps, splits=splits)
         try:
             run()
             top = m.max(1, keepdim=True).values  # slot 0 (the recent part) is empty here: m = −inf, l = 0
@@ -88,6 +87,7 @@ def main(argv=None):
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="1,3")
     ap.add_argument("--per-sm", default="4,8,16")
+    ap.add_argument("--dot", default="0,1", help="0: CUDA-core products, 1: tensor cores (tl.dot, 3-pass TF32)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     H, D = (int(x) for x in args.shape.split("x"))
@@ -97,7 +97,7 @@ def main(argv=None):
 
     result["triton"] = triton.__version__
     result.update(sweep(args.length, H, D, _ints(args.blocks), _ints(args.warps), _ints(args.stages),
-                        _ints(args.per_sm)))
+                        _ints(args.per_sm), _ints(args.dot)))
     ok = [r for r in result["rows"] if "us" in r and r["rel_err"] < 1e-2]
     if ok:
         result["best"] = min(ok, key=lambda r: r["us"])

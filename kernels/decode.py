@@ -248,6 +248,56 @@ def _deferred_attend_kernel(
 
 
 @triton.jit
+def _deferred_attend_dot_kernel(
+    KS, VC, GC, QT, MP, LP, AP, POS,
+    max_len, n_slots,
+    GROUP: tl.constexpr, GP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+    DV: tl.constexpr,
+):
+    """``_deferred_attend_kernel`` on tensor cores: the ``GROUP`` query rows padded to ``GP`` ≥ 16 (zero rows,
+    never stored), scores ``S = q_τ Kᵀ`` and ``P V`` as ``tl.dot`` in 3-pass TF32 (fp32-level accuracy: the keys
+    and values are exact in TF32, q_τ and P are split in two TF32 parts), so the only rounding added to the
+    CUDA-core kernel's is the order of the sums."""
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n = tl.load(POS)
+    base = tl.load(POS + 1)
+    per_split = tl.cdiv(tl.cdiv(base, tl.num_programs(1)), BLOCK) * BLOCK  # keys per split, whole key blocks
+    start = split * per_split
+    end = tl.minimum(start + per_split, base)
+    dcol = tl.arange(0, D)
+    vcol = tl.arange(0, DV)
+    grow = tl.arange(0, GP)
+    real = grow < GROUP
+    head = bh * GROUP + grow
+    qt = tl.load(QT + head[:, None] * D + dcol[None, :], mask=real[:, None], other=0.0)  # [GP, D] fp32
+    if HAS_GATE:
+        g_t = tl.load(GC + head * max_len + n, mask=real, other=0.0)
+    m_i, l_i, acc = _softmax_start(GP, DV)
+    for off in range(start, end, BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        valid = j < end
+        kb = tl.load(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], mask=valid[:, None], other=0.0)
+        s = tl.dot(qt, tl.trans(kb.to(tl.float32)), input_precision="tf32x3")  # [GP, BLOCK]
+        if HAS_GATE:
+            g_j = tl.load(GC + head[:, None] * max_len + j[None, :], mask=real[:, None] & valid[None, :], other=0.0)
+            s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="tf32x3")
+        m_i = m_new
+    slot = (bh * n_slots + 1 + split) * GROUP + grow
+    tl.store(MP + slot, m_i, mask=real)
+    tl.store(LP + slot, l_i, mask=real)
+    tl.store(AP + slot[:, None] * DV + vcol[None, :], acc, mask=real[:, None])
+
+
+@triton.jit
 def _deferred_merge_kernel(
     MP, LP, AP, O, POS, n_slots,
     GROUP: tl.constexpr, DV: tl.constexpr, SC: tl.constexpr,
@@ -309,28 +359,31 @@ def _pow2_floor(x):
 
 
 def attend_config(head_dim, device):
-    """(key block, num_warps, num_stages, programs per SM) of the split-K attention over the base keys.
+    """(key block, num_warps, num_stages, programs per SM, tensor cores) of the split-K attention over the base
+    keys.
 
     Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
-    heads × splits; on the H200, B = 1, 12 × 64, 64K cached tokens, the attention kernel alone took 148 µs at 4
-    programs per SM and 117 µs at 16, while the merge of the extra partials grew from 2.5 to 5 µs). On the
-    interpreter: 8 programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm"``
-    overrides it (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
+    heads × splits), CUDA-core products (dot = 0). On the H200, B = 1, 12 × 64, 64K cached tokens, this was the
+    best of 36 launch configurations of the CUDA-core kernel (``benchmarks/results/decode-attend-sweep-h200.json``:
+    125 µs, 1.6 TB/s, against 64 µs for SDPA over the same bytes). On the interpreter: 8 programs, enough to
+    exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides it
+    (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
     """
-    default = [64 if head_dim <= 64 else 32, 4, 3, 16]
+    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 0]
     env = os.environ.get("PATHLAB_DECODE_ATTEND", "")
     if env:
-        parts = [int(x) if x.strip().isdigit() else 0 for x in env.split(",")]
-        if not 1 <= len(parts) <= 4 or any(x < 1 for x in parts) or parts[0] & (parts[0] - 1):
-            raise ValueError(f"PATHLAB_DECODE_ATTEND must be 'block[,warps[,stages[,per_sm]]]' with a power-of-two "
-                             f"block and positive integers, got {env!r}")
+        parts = [int(x) if x.strip().isdigit() else -1 for x in env.split(",")]
+        if (not 1 <= len(parts) <= 5 or any(x < 1 for x in parts[:4]) or parts[0] & (parts[0] - 1)
+                or parts[4:] not in ([], [0], [1])):
+            raise ValueError(f"PATHLAB_DECODE_ATTEND must be 'block[,warps[,stages[,per_sm[,dot]]]]' with a "
+                             f"power-of-two block, positive integers and dot 0 or 1, got {env!r}")
         default[:len(parts)] = parts
-    block, warps, stages, per_sm = default
+    block, warps, stages, per_sm, dot = default
     if device.type == "cuda":
         programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         programs = 8
-    return block, warps, stages, programs
+    return block, warps, stages, programs, bool(dot)
 
 
 class DeferredWorkspace:
@@ -347,7 +400,8 @@ class DeferredWorkspace:
     def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device):
         device = torch.device(device)
         bh = batch * n_kv_heads
-        self.block, self.attend_warps, self.attend_stages, programs = attend_config(head_dim, device)
+        config = attend_config(head_dim, device)
+        self.block, self.attend_warps, self.attend_stages, programs, self.attend_dot = config
         self.max_split = max(1, min(triton.cdiv(max_len, self.block), triton.cdiv(programs, bh)))
         self.n_slots = 1 + self.max_split
         self.rp = _pow2(max(defer, 2))  # rows of the recent-key tile
@@ -407,18 +461,28 @@ def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, s
         HKV=Hkv, GROUP=group, R=rk.shape[2], RP=ws.rp, CH=ws.ch, D=D, DV=DV, HAS_GATE=has_gate,
         num_warps=ws.prep_warps,
     )
-    _deferred_attend_kernel[(B * Hkv, ws.max_split)](
-        k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc, ws.pos,
-        L, ws.n_slots,
-        GROUP=group, HAS_GATE=has_gate, BLOCK=ws.block, D=D, DV=DV,
-        num_warps=ws.attend_warps, num_stages=ws.attend_stages,
-    )
+    attend(k_attend, v_cache, gc, ws.qt, ws.m, ws.l, ws.acc, ws.pos, L, ws.n_slots, B * Hkv, ws.max_split,
+           group=group, has_gate=has_gate, block=ws.block, warps=ws.attend_warps, stages=ws.attend_stages,
+           dot=ws.attend_dot)
     o = torch.empty(B, 1, H, DV, dtype=q.dtype, device=q.device)
     _deferred_merge_kernel[(B * Hkv,)](
         ws.m, ws.l, ws.acc, o, ws.pos, ws.n_slots,
         GROUP=group, DV=DV, SC=ws.sc,
     )
     return o
+
+
+def attend(keys, values, gc, qt, m, l, acc, pos, max_len, n_slots, bh, splits, *, group, has_gate, block, warps,
+           stages, dot):
+    """Launch the split-K attention over the base keys: ``splits`` programs per (batch, kv head), each writing the
+    partial (max, sum, Σ p v) of its slot; on tensor cores (``_deferred_attend_dot_kernel``) when ``dot``."""
+    D, DV = keys.shape[-1], values.shape[-1]
+    common = dict(HAS_GATE=has_gate, BLOCK=block, D=D, DV=DV, num_warps=warps, num_stages=stages)
+    args = (keys, values, gc, qt, m, l, acc, pos, max_len, n_slots)
+    if dot:
+        _deferred_attend_dot_kernel[(bh, splits)](*args, GROUP=group, GP=max(16, _pow2(group)), **common)
+    else:
+        _deferred_attend_kernel[(bh, splits)](*args, GROUP=group, **common)
 
 
 def fold_triton(ws, k_master, k_shadow, M, rk, n, base):

@@ -1,19 +1,11 @@
-"""Block rotations of ``[B, T, H, D]`` tensors in Triton, as one opaque custom op with its own backward.
+"""Triton kernel of the block rotation behind the custom op ``pathlab::rotate_pairs``
+(:mod:`pathlab.ops.rotate_op`, where the op, its gradient and the reason for it are written out).
 
     y = R(σφ) x  on each pair (x_b, x_{b+D/2}):  y_b = x_b cos φ − σ x_{b+D/2} sin φ,
                                                  y_{b+D/2} = x_{b+D/2} cos φ + σ x_b sin φ
 
-with σ = +1 (rotate) or −1 (rotate back, ``inverse``). R(σφ)ᵀ = R(−σφ), so the gradient is the same kernel with
-σ negated: dx = R(−σφ) dy. cos/sin are fp32 tables broadcastable to ``[B, T, H, D/2]`` (RoPE's ``[1, T, 1, D/2]``,
-the accumulated rotations' ``[B, T, H, D/2]``); they get no gradient, so this op serves rotations whose angles
-are constants (RoPE, random rotations). The arithmetic runs in fp32 and the result has x's dtype, as in
-:func:`pathlab.ops.positions.rotate_cos_sin`.
-
-Why a kernel: written in PyTorch under ``torch.compile``, Inductor fused the back-rotation of dq and dk with the
-concatenation of dq, dk, dv into the qkv projection's gradient, and that fused kernel took 0.63 ms per layer of
-the ``owt16`` model on an H200 (NoPE's concatenation alone: 0.07 ms), about 10 ms of an 83 ms training step.
-As a custom op the rotation is one read and one write of x in either direction, and the concatenation stays a
-plain copy.
+One program rotates ``ROWS`` rows (b, t, h) of ``x [B, T, H, D]`` (any strides, unit stride inside a head) by fp32
+cos/sin broadcast to ``[B, T, H, D/2]`` (stride 0 on broadcast axes), in fp32, into a contiguous y of x's dtype.
 """
 
 from __future__ import annotations
@@ -47,7 +39,8 @@ def _rotate_kernel(
     tl.store(Y + yo + HALF, (x2 * c + x1 * s).to(Y.dtype.element_ty), mask=live)
 
 
-def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+def rotate_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+    """y = R(sign · φ) x; see the module docstring. x ``[B, T, H, D]``, cos/sin broadcastable to ``[B, T, H, D/2]``."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     B, T, H, D = x.shape
@@ -67,39 +60,3 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) ->
         SIGN=sign, HALF=half, HALF_P=triton.next_power_of_2(half), ROWS=rows,
     )
     return y
-
-
-@torch.library.custom_op("pathlab::rotate_pairs", mutates_args=())
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
-    """R(sign · φ) x for ``x [B, T, H, D]`` (last dim unit stride or copied), cos/sin fp32 broadcastable to
-    ``[B, T, H, D/2]``; returns a contiguous tensor of x's dtype. ``sign`` is +1 or −1."""
-    return _launch(x, cos, sin, sign)
-
-
-@rotate_pairs.register_fake
-def _(x, cos, sin, sign):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-def _setup(ctx, inputs, output):
-    _, cos, sin, sign = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.sign = sign
-
-
-def _backward(ctx, grad):
-    cos, sin = ctx.saved_tensors
-    return rotate_pairs(grad, cos, sin, -ctx.sign), None, None, None
-
-
-rotate_pairs.register_autograd(_backward, setup_context=_setup)
-
-
-def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether :func:`rotate_pairs` can rotate ``x`` by these tables: a 4-D x of fp32, fp16 or bf16, fp32 tables
-    that need no gradient, all on one device."""
-    return (x.dim() == 4 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and cos.dtype == torch.float32 and sin.dtype == torch.float32
-            and cos.dim() <= 4 and sin.dim() <= 4
-            and not cos.requires_grad and not sin.requires_grad
-            and cos.device == x.device and sin.device == x.device)

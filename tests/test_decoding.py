@@ -154,14 +154,17 @@ def test_torch_steps_fp32_with_fp16_shadow_within_rounding_bound(defer, gate, D)
 @pytest.mark.parametrize("defer,gate,D,shadow", [
     (3, True, 16, None), (4, False, 16, torch.float16), (1, True, 16, torch.float16), (32, False, 64, torch.float16),
 ], ids=["R3-fox-D16-noshadow", "R4-path-D16-fp16", "R1-fox-D16-fp16", "R32-path-D64-fp16"])
-def test_triton_deferred_step_matches_torch_step(defer, gate, D, shadow):
+@pytest.mark.parametrize("dot", [False, True], ids=["cuda-cores", "tensor-cores"])
+def test_triton_deferred_step_matches_torch_step(defer, gate, D, shadow, dot, monkeypatch):
+    if dot:  # the split-K attention on tensor cores (the other launch settings at their defaults)
+        monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,1")
     B, H, Hkv, DV = 1, 4, 2, 32  # grouped heads; the base keys span several splits and key blocks
     T0, steps = 70, (defer + 1 if defer > 4 else 9)  # R = 1: 9 folds, 3: 3, 4: 2 and one pending, 32: 1 and one
     T = T0 + steps
     inputs = make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=5)
     caches = [PathDecodeCache(B, Hkv, T, D, DV, n_heads=H, defer=defer, shadow_dtype=shadow, use_triton=use)
               for use in (True, False)]
-    assert caches[0].use_triton and caches[0].shadow_dtype == shadow
+    assert caches[0].use_triton and caches[0].shadow_dtype == shadow and caches[0]._ws.attend_dot == dot
     o_tri, o_torch = (generate(c, inputs, T0) for c in caches)
     assert caches[0].base == caches[1].base > T0  # folded at least once
     tol = 1e-5 if shadow is None else 2e-4  # fp16: rare shadow elements one unit apart (masters differ by ~1e-7)
@@ -406,8 +409,9 @@ def test_attend_sweep_checks_every_config_on_cpu():
     spec = importlib.util.spec_from_file_location("sweep_decode_attend", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    result = sweep.sweep(150, 2, 16, [32, 64], [4], [1], [2, 4], device="cpu")
-    assert [(r["block"], r["splits"]) for r in result["rows"]] == [(32, 1), (32, 2), (64, 1), (64, 2)]
+    result = sweep.sweep(150, 2, 16, [32, 64], [4], [1], [2, 4], dots=[0, 1], device="cpu")
+    assert [(r["dot"], r["block"], r["splits"]) for r in result["rows"]] == [
+        (dot, block, splits) for dot in (0, 1) for block in (32, 64) for splits in (1, 2)]
     assert all(r["rel_err"] < 1e-5 for r in result["rows"])
 
 
@@ -416,10 +420,12 @@ def test_attend_config_reads_the_environment(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("PATHLAB_DECODE_ATTEND", raising=False)
-    assert attend_config(64, cpu) == (64, 4, 3, 8) and attend_config(128, cpu)[0] == 32
+    assert attend_config(64, cpu) == (64, 4, 3, 8, False) and attend_config(128, cpu)[0] == 32
     monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "128,8")
-    assert attend_config(64, cpu) == (128, 8, 3, 8)
-    for bad in ("96", "64,0", "1,2,3,4,5", "x"):
+    assert attend_config(64, cpu) == (128, 8, 3, 8, False)
+    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,1")
+    assert attend_config(64, cpu) == (64, 4, 3, 8, True)
+    for bad in ("96", "64,0", "1,2,3,4,2", "1,2,3,4,1,1", "x"):
         monkeypatch.setenv("PATHLAB_DECODE_ATTEND", bad)
         with pytest.raises(ValueError, match="PATHLAB_DECODE_ATTEND must be"):
             attend_config(64, cpu)

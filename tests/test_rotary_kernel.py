@@ -1,4 +1,5 @@
-"""The Triton rotation op ``pathlab::rotate_pairs`` (``kernels/rotary.py``) against the PyTorch rotation.
+"""The rotation op ``pathlab::rotate_pairs`` (``pathlab/ops/rotate_op.py``, Triton kernel in ``kernels/rotary.py``)
+against the PyTorch rotation.
 
 Oracle: :func:`pathlab.ops.positions.rotate_cos_sin` in fp64 (its CPU path is the PyTorch expression),
 differentiated by autograd. Compared by relative RMS error on the output and on dx, on fresh random inputs:
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines"
 )
 
-from pathlab.kernels.rotary import rotate_pairs, supports  # noqa: E402
+from pathlab.ops.rotate_op import rotate_pairs, supports  # noqa: E402
 from pathlab.ops.positions import rotate_cos_sin  # noqa: E402
 from pathlab.testing import rel_err  # noqa: E402
 
@@ -117,3 +118,39 @@ def test_environment_variable_chooses_the_cuda_rotation():
     assert run_python(code).stdout.strip() == os.environ.get("PATHLAB_ROTATE", "triton")
     bad = run_python(code, PATHLAB_ROTATE="cuda")
     assert bad.returncode != 0 and "PATHLAB_ROTATE must be 'triton' or 'torch'" in bad.stderr
+
+
+@pytest.mark.parametrize("attention", ["rope", "rot_random_qk", "rot_random_qkv", "rot_learned_qkv"])
+def test_whole_model_compiles_through_the_op_without_a_graph_break(attention, monkeypatch):
+    """The op path that CUDA takes, forced on the CPU: the whole model compiles in one graph (the cached RoPE table
+    and the op together), every rotation by constant angles is a call of the op (learned angles, which need
+    gradients, stay PyTorch), and loss and gradients equal eager."""
+    import pathlab
+    from pathlab.ops import positions, rotate_op
+
+    calls = []
+
+    def use_op(x, cos, sin):
+        calls.append(rotate_op.supports(x, cos, sin))
+        return calls[-1]
+
+    monkeypatch.setattr(positions, "_use_rotate_op", use_op)
+    torch.manual_seed(0)
+    model = pathlab.build_model(pathlab.ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
+                                                    attention=attention))
+    idx = torch.randint(0, 64, (2, 16))
+
+    def loss_and_grads(fn):
+        model.zero_grad(set_to_none=True)
+        loss = fn(idx, idx)[1]
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+    eager = loss_and_grads(model)
+    values = attention.endswith("qkv")  # also v, and o rotated back
+    assert calls == [not attention.startswith("rot_learned")] * (2 * (3 if values else 2) + 2 * values)
+    torch._dynamo.reset()
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    assert len(compiled) == len(eager)
+    for got, want in zip(compiled, eager):
+        assert rel_err(got, want) < 1e-5

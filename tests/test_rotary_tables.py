@@ -266,7 +266,8 @@ def test_importing_pathlab_leaves_triton_unimported():
     import subprocess
     import sys
 
-    code = "import sys, pathlab; print('triton' in sys.modules, 'torch._dynamo' in sys.modules)"
+    code = ("import sys, pathlab, pathlab.ops.softmax, pathlab.model; "
+            "print('triton' in sys.modules, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

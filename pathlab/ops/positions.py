@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from pathlab.ops import rotate_op
+
 TWO_PI = 2.0 * math.pi
 ROTATE_BACKEND = os.environ.get("PATHLAB_ROTATE", "triton")  # "torch": rotations stay PyTorch expressions on CUDA
 if ROTATE_BACKEND not in ("triton", "torch"):
@@ -77,6 +79,10 @@ def cos_sin(phase: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[to
     return torch.cos(phase), torch.sin(phase)
 
 
+def _use_rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    return x.is_cuda and ROTATE_BACKEND == "triton" and rotate_op.supports(x, cos, sin)
+
+
 def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
                    inverse: bool = False) -> torch.Tensor:
     """Apply R(φ_b) (R(−φ_b) with ``inverse``) to each pair (x_b, x_{b+D/2}) given cos φ and sin φ:
@@ -84,14 +90,11 @@ def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
     has x's dtype.
 
     On CUDA, a ``[B, T, H, D]`` x rotated by fp32 tables that need no gradient (RoPE, random rotations) goes
-    through the Triton op ``pathlab::rotate_pairs`` (:mod:`pathlab.kernels.rotary`, same arithmetic), unless
-    ``PATHLAB_ROTATE=torch`` was set when pathlab was imported.
+    through the custom op ``pathlab::rotate_pairs`` (:mod:`pathlab.ops.rotate_op`, a Triton kernel with the same
+    arithmetic), unless ``PATHLAB_ROTATE=torch`` was set when pathlab was imported.
     """
-    if x.is_cuda and ROTATE_BACKEND == "triton":
-        from pathlab.kernels.rotary import rotate_pairs, supports
-
-        if supports(x, cos, sin):
-            return rotate_pairs(x, cos, sin, -1 if inverse else 1)
+    if _use_rotate_op(x, cos, sin):
+        return rotate_op.rotate_pairs(x, cos, sin, -1 if inverse else 1)
     work = cos.dtype
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].to(work), x[..., half:].to(work)
