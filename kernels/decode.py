@@ -363,13 +363,14 @@ def attend_config(head_dim, device):
     keys.
 
     Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
-    heads × splits), CUDA-core products (dot = 0). On the H200, B = 1, 12 × 64, 64K cached tokens, this was the
-    best of 36 launch configurations of the CUDA-core kernel (``benchmarks/results/decode-attend-sweep-h200.json``:
-    125 µs, 1.6 TB/s, against 64 µs for SDPA over the same bytes). On the interpreter: 8 programs, enough to
-    exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides it
+    heads × splits), tensor-core products (dot = 1). On the H200, B = 1, 12 × 64, 64K cached tokens, the attention
+    alone (``benchmarks/results/decode-attend-sweep-h200.json``, ``…-dot-h200.json``): the best of 36 launch
+    configurations of the CUDA-core kernel took 125 µs (1.6 TB/s); the tensor-core kernel with the same launch
+    settings 107 µs (1.9 TB/s; 127 µs with 1 stage: its loads are pipelined); SDPA reads the same bytes in 64 µs.
+    On the interpreter: 8 programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides it
     (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
     """
-    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 0]
+    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 1]
     env = os.environ.get("PATHLAB_DECODE_ATTEND", "")
     if env:
         parts = [int(x) if x.strip().isdigit() else -1 for x in env.split(",")]

@@ -156,8 +156,8 @@ def test_torch_steps_fp32_with_fp16_shadow_within_rounding_bound(defer, gate, D)
 ], ids=["R3-fox-D16-noshadow", "R4-path-D16-fp16", "R1-fox-D16-fp16", "R32-path-D64-fp16"])
 @pytest.mark.parametrize("dot", [False, True], ids=["cuda-cores", "tensor-cores"])
 def test_triton_deferred_step_matches_torch_step(defer, gate, D, shadow, dot, monkeypatch):
-    if dot:  # the split-K attention on tensor cores (the other launch settings at their defaults)
-        monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,1")
+    # the split-K attention on CUDA cores or tensor cores (the other launch settings at their defaults)
+    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", f"64,4,3,16,{int(dot)}")
     B, H, Hkv, DV = 1, 4, 2, 32  # grouped heads; the base keys span several splits and key blocks
     T0, steps = 70, (defer + 1 if defer > 4 else 9)  # R = 1: 9 folds, 3: 3, 4: 2 and one pending, 32: 1 and one
     T = T0 + steps
@@ -228,7 +228,9 @@ def test_triton_step_counters_on_device_launch_alike_at_every_step(defer, gate, 
     T = T0 + steps
     max_len = T + 300  # the split-K grid is sized from max_len: 4 splits, of which at most 2 hold keys here
     inputs = make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=7)
-    logs = {name: [] for name in ("_deferred_prep_kernel", "_deferred_attend_kernel", "_deferred_merge_kernel")}
+    kernels = ("_deferred_prep_kernel", "_deferred_attend_kernel", "_deferred_attend_dot_kernel",
+               "_deferred_merge_kernel")
+    logs = {name: [] for name in kernels}
     for name, log in logs.items():
         monkeypatch.setattr(decode, name, _LaunchLog(getattr(decode, name), log))
     tri = PathDecodeCache(B, Hkv, max_len, D, DV, n_heads=H, defer=defer, use_triton=True)
@@ -254,6 +256,8 @@ def test_triton_step_counters_on_device_launch_alike_at_every_step(defer, gate, 
     assert min(live) < ws.max_split and max(live) >= 1  # splits past the live keys, and splits with keys
     if T0 == 0:
         assert live[0] == 0  # the first step has no base keys at all: every split is empty
+    unused = "_deferred_attend_kernel" if ws.attend_dot else "_deferred_attend_dot_kernel"
+    assert logs.pop(unused) == []  # one of the two attention kernels serves every step
     for name, log in logs.items():
         assert len(log) == steps, name
         assert len(set(log)) == 1, f"{name}: {len(set(log))} different launches over {steps} steps"
@@ -420,11 +424,11 @@ def test_attend_config_reads_the_environment(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("PATHLAB_DECODE_ATTEND", raising=False)
-    assert attend_config(64, cpu) == (64, 4, 3, 8, False) and attend_config(128, cpu)[0] == 32
+    assert attend_config(64, cpu) == (64, 4, 3, 8, True) and attend_config(128, cpu)[0] == 32
     monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "128,8")
-    assert attend_config(64, cpu) == (128, 8, 3, 8, False)
-    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,1")
-    assert attend_config(64, cpu) == (64, 4, 3, 8, True)
+    assert attend_config(64, cpu) == (128, 8, 3, 8, True)
+    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,0")
+    assert attend_config(64, cpu) == (64, 4, 3, 8, False)
     for bad in ("96", "64,0", "1,2,3,4,2", "1,2,3,4,1,1", "x"):
         monkeypatch.setenv("PATHLAB_DECODE_ATTEND", bad)
         with pytest.raises(ValueError, match="PATHLAB_DECODE_ATTEND must be"):

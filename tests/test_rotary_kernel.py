@@ -126,15 +126,18 @@ def test_whole_model_compiles_through_the_op_without_a_graph_break(attention, mo
     and the op together), every rotation by constant angles is a call of the op (learned angles, which need
     gradients, stay PyTorch), and loss and gradients equal eager."""
     import pathlab
-    from pathlab.ops import positions, rotate_op
+    from pathlab.kernels import rotary
+    from pathlab.ops import positions
 
-    calls = []
+    monkeypatch.setattr(positions, "_on_cuda", lambda x: True)
+    launches = []
+    launch = rotary.rotate_launch
 
-    def use_op(x, cos, sin):
-        calls.append(rotate_op.supports(x, cos, sin))
-        return calls[-1]
+    def counted(*args):
+        launches.append(args[-1])
+        return launch(*args)
 
-    monkeypatch.setattr(positions, "_use_rotate_op", use_op)
+    monkeypatch.setattr(rotary, "rotate_launch", counted)
     torch.manual_seed(0)
     model = pathlab.build_model(pathlab.ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
                                                     attention=attention))
@@ -148,9 +151,12 @@ def test_whole_model_compiles_through_the_op_without_a_graph_break(attention, mo
 
     eager = loss_and_grads(model)
     values = attention.endswith("qkv")  # also v, and o rotated back
-    assert calls == [not attention.startswith("rot_learned")] * (2 * (3 if values else 2) + 2 * values)
+    rotations = 0 if attention.startswith("rot_learned") else 2 * (3 if values else 2) + 2 * values
+    assert len(launches) == 2 * rotations  # each rotation once forward, once backward
     torch._dynamo.reset()
+    launches.clear()
     compiled = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    assert len(launches) == 2 * rotations
     assert len(compiled) == len(eager)
     for got, want in zip(compiled, eager):
         assert rel_err(got, want) < 1e-5

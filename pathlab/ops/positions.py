@@ -79,21 +79,30 @@ def cos_sin(phase: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[to
     return torch.cos(phase), torch.sin(phase)
 
 
-def _use_rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    return x.is_cuda and ROTATE_BACKEND == "triton" and rotate_op.supports(x, cos, sin)
+def _on_cuda(x: torch.Tensor) -> bool:
+    return x.is_cuda
+
+
+def _use_rotate_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cached_table: bool) -> bool:
+    if not (_on_cuda(x) and ROTATE_BACKEND == "triton"):
+        return False
+    # RoPE's cached table is an fp32 constant on x's device by construction; under torch.compile it is a constant
+    # of the graph whose attributes Dynamo cannot read, so only x is checked
+    return rotate_op.supports_input(x) if cached_table else rotate_op.supports(x, cos, sin)
 
 
 def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                   inverse: bool = False) -> torch.Tensor:
+                   inverse: bool = False, cached_table: bool = False) -> torch.Tensor:
     """Apply R(φ_b) (R(−φ_b) with ``inverse``) to each pair (x_b, x_{b+D/2}) given cos φ and sin φ:
     ``x [..., D]``, ``cos``/``sin`` broadcastable to ``[..., D/2]``. The arithmetic runs in cos's dtype; the result
     has x's dtype.
 
     On CUDA, a ``[B, T, H, D]`` x rotated by fp32 tables that need no gradient (RoPE, random rotations) goes
     through the custom op ``pathlab::rotate_pairs`` (:mod:`pathlab.ops.rotate_op`, a Triton kernel with the same
-    arithmetic), unless ``PATHLAB_ROTATE=torch`` was set when pathlab was imported.
+    arithmetic), unless ``PATHLAB_ROTATE=torch`` was set when pathlab was imported. ``cached_table``: cos/sin are
+    (slices of) :func:`rope_cos_sin`'s table in ``rotation_dtype(x.dtype)`` on x's device.
     """
-    if _use_rotate_op(x, cos, sin):
+    if _use_rotate_op(x, cos, sin, cached_table):
         return rotate_op.rotate_pairs(x, cos, sin, -1 if inverse else 1)
     work = cos.dtype
     half = x.shape[-1] // 2

@@ -49,11 +49,15 @@ def _backward(ctx, grad):
 rotate_pairs.register_autograd(_backward, setup_context=_setup)
 
 
+def supports_input(x: torch.Tensor) -> bool:
+    """Whether :func:`rotate_pairs` takes this x: 4-D, fp32, fp16 or bf16."""
+    return x.dim() == 4 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
 def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rotate_pairs` can rotate ``x`` by these tables: a 4-D x of fp32, fp16 or bf16, fp32 tables
     of at most 4 dims that need no gradient, all on one device."""
-    return (x.dim() == 4 and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and cos.dtype == torch.float32 and sin.dtype == torch.float32
+    return (supports_input(x) and cos.dtype == torch.float32 and sin.dtype == torch.float32
             and cos.dim() <= 4 and sin.dim() <= 4
             and cos.requires_grad is False and sin.requires_grad is False
             and cos.device == x.device and sin.device == x.device)

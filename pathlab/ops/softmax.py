@@ -66,12 +66,15 @@ def rope_attention(q, k, v, *, base: float = 10000.0, scale=None, table=None):
     """
     _, T, _, _, D, _ = check_qkv(q, k, v)
     scale = check_scale(scale, D)
-    if table is None:
+    cached = table is None
+    if cached:
         cos, sin = rope_cos_sin(T, D, base, device=q.device, dtype=rotation_dtype(q.dtype))
     else:
         cos, sin = _check_rope_table(table, T, D, q)
     cos, sin = cos[None, :T, None, :], sin[None, :T, None, :]  # [1, T, 1, D/2]
-    return _sdpa(rotate_cos_sin(q, cos, sin, inverse=True), rotate_cos_sin(k, cos, sin, inverse=True), v, scale)
+    qr = rotate_cos_sin(q, cos, sin, inverse=True, cached_table=cached)
+    kr = rotate_cos_sin(k, cos, sin, inverse=True, cached_table=cached)
+    return _sdpa(qr, kr, v, scale)
 
 
 def _check_rope_table(table, T: int, D: int, q):
