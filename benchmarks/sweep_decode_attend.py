@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 
-def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda"):
+def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda", value_dtype=torch.bfloat16):
     import triton
     import triton.testing
 
@@ -31,7 +31,7 @@ def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda")
 
     gen = torch.Generator(device=device).manual_seed(0)
     keys = torch.randn(1, H, length, D, device=device, generator=gen).half()  # the fp16 shadow
-    values = torch.randn(1, H, length, D, device=device, generator=gen).bfloat16()
+    values = torch.randn(1, H, length, D, device=device, generator=gen).to(value_dtype)  # bf16 as in generation
     qt = torch.randn(H, 1, D, device=device, generator=gen) * (D ** -0.5 / math.log(2))  # q_τ · scale · log2 e
     pos = torch.tensor([length, length], dtype=torch.int32, device=device)  # n, base: every key is a base key
     want = F.scaled_dot_product_attention(qt[None].float() * math.log(2), keys.float(), values.float(), scale=1.0)
@@ -47,7 +47,7 @@ def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda")
 
         def run():
             attend(keys, values, values, qt, m, l, acc, pos, length, n_slots, H, splits, group=1, has_gate=False,
-                   block=block, warps=nw, stages=ns, dot=bool(dot))
+                   block=block, warps=nw, stages=ns, dot=dot)
 
         row = dict(dot=dot, block=block, warps=nw, stages=ns, per_sm=ps, splits=splits)
         try:
@@ -87,7 +87,8 @@ def main(argv=None):
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="1,3")
     ap.add_argument("--per-sm", default="4,8,16")
-    ap.add_argument("--dot", default="0,1", help="0: CUDA-core products, 1: tensor cores (tl.dot, 3-pass TF32)")
+    ap.add_argument("--dot", default="0,1,2", help="0: CUDA-core products, 1: tensor cores (tl.dot, 3-pass TF32), "
+                                                   "2: tensor cores in the caches' fp16/bf16 (two-part query and P)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     H, D = (int(x) for x in args.shape.split("x"))

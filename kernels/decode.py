@@ -210,18 +210,24 @@ def _deferred_prep_kernel(
 
 
 @triton.jit
+def _split_keys(POS, BLOCK: tl.constexpr):
+    """This program's (batch · kv head, position n, first and end key) of the base keys 0 … base−1, cut into
+    ``tl.num_programs(1)`` splits of whole key blocks; end ≤ first for the splits past the live keys."""
+    bh = tl.program_id(0).to(tl.int64)
+    n = tl.load(POS)
+    base = tl.load(POS + 1)
+    per_split = tl.cdiv(tl.cdiv(base, tl.num_programs(1)), BLOCK) * BLOCK
+    start = tl.program_id(1) * per_split
+    return bh, n, start, tl.minimum(start + per_split, base)
+
+
+@triton.jit
 def _deferred_attend_kernel(
     KS, VC, GC, QT, MP, LP, AP, POS,
     max_len, n_slots,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    n = tl.load(POS)
-    base = tl.load(POS + 1)
-    per_split = tl.cdiv(tl.cdiv(base, tl.num_programs(1)), BLOCK) * BLOCK  # keys per split, whole key blocks
-    start = split * per_split
-    end = tl.minimum(start + per_split, base)  # ≤ start for the splits past the live keys: no block
+    bh, n, start, end = _split_keys(POS, BLOCK)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
     grow = tl.arange(0, GROUP)
@@ -241,7 +247,7 @@ def _deferred_attend_kernel(
         s = tl.where(valid[None, :], s, float("-inf"))
         vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
         m_i, l_i, acc = _softmax_block(s, vb, m_i, l_i, acc)
-    slot = (bh * n_slots + 1 + split) * GROUP + grow  # an empty split stores m = −inf, l = 0, acc = 0
+    slot = (bh * n_slots + 1 + tl.program_id(1)) * GROUP + grow  # an empty split: m = −inf, l = 0, acc = 0
     tl.store(MP + slot, m_i)
     tl.store(LP + slot, l_i)
     tl.store(AP + slot[:, None] * DV + vcol[None, :], acc)
@@ -252,25 +258,26 @@ def _deferred_attend_dot_kernel(
     KS, VC, GC, QT, MP, LP, AP, POS,
     max_len, n_slots,
     GROUP: tl.constexpr, GP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
-    DV: tl.constexpr,
+    DV: tl.constexpr, NATIVE_K: tl.constexpr, NATIVE_V: tl.constexpr,
 ):
     """``_deferred_attend_kernel`` on tensor cores: the ``GROUP`` query rows padded to ``GP`` ≥ 16 (zero rows,
     never stored), scores ``S = q_τ Kᵀ`` and ``P V`` as ``tl.dot`` in 3-pass TF32 (fp32-level accuracy: the keys
     and values are exact in TF32, q_τ and P are split in two TF32 parts), so the only rounding added to the
-    CUDA-core kernel's is the order of the sums."""
-    bh = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    n = tl.load(POS)
-    base = tl.load(POS + 1)
-    per_split = tl.cdiv(tl.cdiv(base, tl.num_programs(1)), BLOCK) * BLOCK  # keys per split, whole key blocks
-    start = split * per_split
-    end = tl.minimum(start + per_split, base)
+    CUDA-core kernel's is the order of the sums.
+
+    ``NATIVE_K`` / ``NATIVE_V`` (fp16 or bf16 keys / values): the product takes the cache's own dtype instead, with
+    q_τ (P) split in two parts of that dtype, hi + lo (q_τ = hi + lo to 2⁻²² relative in fp16, 2⁻¹⁶ in bf16),
+    two products accumulated in fp32: no conversion of the key and value blocks on their way to the tensor cores."""
+    bh, n, start, end = _split_keys(POS, BLOCK)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
     grow = tl.arange(0, GP)
     real = grow < GROUP
     head = bh * GROUP + grow
     qt = tl.load(QT + head[:, None] * D + dcol[None, :], mask=real[:, None], other=0.0)  # [GP, D] fp32
+    if NATIVE_K:
+        q_hi = qt.to(KS.dtype.element_ty)
+        q_lo = (qt - q_hi.to(tl.float32)).to(KS.dtype.element_ty)
     if HAS_GATE:
         g_t = tl.load(GC + head * max_len + n, mask=real, other=0.0)
     m_i, l_i, acc = _softmax_start(GP, DV)
@@ -278,7 +285,10 @@ def _deferred_attend_dot_kernel(
         j = off + tl.arange(0, BLOCK)
         valid = j < end
         kb = tl.load(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(qt, tl.trans(kb.to(tl.float32)), input_precision="tf32x3")  # [GP, BLOCK]
+        if NATIVE_K:
+            s = tl.dot(q_hi, tl.trans(kb)) + tl.dot(q_lo, tl.trans(kb))  # [GP, BLOCK] fp32
+        else:
+            s = tl.dot(qt, tl.trans(kb.to(tl.float32)), input_precision="tf32x3")
         if HAS_GATE:
             g_j = tl.load(GC + head[:, None] * max_len + j[None, :], mask=real[:, None] & valid[None, :], other=0.0)
             s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
@@ -289,9 +299,15 @@ def _deferred_attend_dot_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="tf32x3")
+        if NATIVE_V:
+            p_hi = p.to(VC.dtype.element_ty)
+            p_lo = (p - p_hi.to(tl.float32)).to(VC.dtype.element_ty)
+            pv = tl.dot(p_hi, vb) + tl.dot(p_lo, vb)
+        else:
+            pv = tl.dot(p, vb.to(tl.float32), input_precision="tf32x3")
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
-    slot = (bh * n_slots + 1 + split) * GROUP + grow
+    slot = (bh * n_slots + 1 + tl.program_id(1)) * GROUP + grow
     tl.store(MP + slot, m_i, mask=real)
     tl.store(LP + slot, l_i, mask=real)
     tl.store(AP + slot[:, None] * DV + vcol[None, :], acc, mask=real[:, None])
@@ -359,8 +375,9 @@ def _pow2_floor(x):
 
 
 def attend_config(head_dim, device):
-    """(key block, num_warps, num_stages, programs per SM, tensor cores) of the split-K attention over the base
-    keys.
+    """(key block, num_warps, num_stages, programs per SM, products) of the split-K attention over the base keys;
+    products (``dot``): 0 CUDA cores, 1 tensor cores in 3-pass TF32, 2 tensor cores in the caches' fp16/bf16 with
+    the query and P split in two parts (:func:`attend`).
 
     Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
     heads × splits), tensor-core products (dot = 1). On the H200, B = 1, 12 × 64, 64K cached tokens, the attention
@@ -375,16 +392,16 @@ def attend_config(head_dim, device):
     if env:
         parts = [int(x) if x.strip().isdigit() else -1 for x in env.split(",")]
         if (not 1 <= len(parts) <= 5 or any(x < 1 for x in parts[:4]) or parts[0] & (parts[0] - 1)
-                or parts[4:] not in ([], [0], [1])):
+                or parts[4:] not in ([], [0], [1], [2])):
             raise ValueError(f"PATHLAB_DECODE_ATTEND must be 'block[,warps[,stages[,per_sm[,dot]]]]' with a "
-                             f"power-of-two block, positive integers and dot 0 or 1, got {env!r}")
+                             f"power-of-two block, positive integers and dot 0, 1 or 2, got {env!r}")
         default[:len(parts)] = parts
     block, warps, stages, per_sm, dot = default
     if device.type == "cuda":
         programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         programs = 8
-    return block, warps, stages, programs, bool(dot)
+    return block, warps, stages, programs, dot
 
 
 class DeferredWorkspace:
@@ -476,12 +493,16 @@ def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, s
 def attend(keys, values, gc, qt, m, l, acc, pos, max_len, n_slots, bh, splits, *, group, has_gate, block, warps,
            stages, dot):
     """Launch the split-K attention over the base keys: ``splits`` programs per (batch, kv head), each writing the
-    partial (max, sum, Σ p v) of its slot; on tensor cores (``_deferred_attend_dot_kernel``) when ``dot``."""
+    partial (max, sum, Σ p v) of its slot. ``dot``: 0 CUDA cores (``_deferred_attend_kernel``), 1 tensor cores in
+    3-pass TF32, 2 tensor cores in the caches' own fp16/bf16 where they have it (``_deferred_attend_dot_kernel``)."""
     D, DV = keys.shape[-1], values.shape[-1]
     common = dict(HAS_GATE=has_gate, BLOCK=block, D=D, DV=DV, num_warps=warps, num_stages=stages)
     args = (keys, values, gc, qt, m, l, acc, pos, max_len, n_slots)
     if dot:
-        _deferred_attend_dot_kernel[(bh, splits)](*args, GROUP=group, GP=max(16, _pow2(group)), **common)
+        half = (torch.float16, torch.bfloat16)
+        _deferred_attend_dot_kernel[(bh, splits)](*args, GROUP=group, GP=max(16, _pow2(group)),
+                                                  NATIVE_K=dot == 2 and keys.dtype in half,
+                                                  NATIVE_V=dot == 2 and values.dtype in half, **common)
     else:
         _deferred_attend_kernel[(bh, splits)](*args, GROUP=group, **common)
 
