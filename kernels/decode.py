@@ -380,14 +380,16 @@ def attend_config(head_dim, device):
     the query and P split in two parts (:func:`attend`).
 
     Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
-    heads × splits), tensor-core products (dot = 1). On the H200, B = 1, 12 × 64, 64K cached tokens, the attention
-    alone (``benchmarks/results/decode-attend-sweep-h200.json``, ``…-dot-h200.json``): the best of 36 launch
-    configurations of the CUDA-core kernel took 125 µs (1.6 TB/s); the tensor-core kernel with the same launch
-    settings 107 µs (1.9 TB/s; 127 µs with 1 stage: its loads are pipelined); SDPA reads the same bytes in 64 µs.
-    On the interpreter: 8 programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides it
-    (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
+    heads × splits), tensor-core products in the caches' own dtype (dot = 2). On the H200, B = 1, 12 × 64, 64K
+    cached tokens, the attention alone (``benchmarks/results/decode-attend-sweep-*.json``): the best of 36 launch
+    configurations of the CUDA-core kernel took 125 µs (1.6 TB/s); the tensor-core kernel in 3-pass TF32 107 µs
+    (127 µs with 1 stage: its loads are pipelined); in fp16/bf16 with two-part query and P 64 µs (3.1 TB/s),
+    the time SDPA takes over the same bytes. On the interpreter, whose bf16 ``tl.dot`` is wrong: dot = 1 and 8
+    programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides
+    it (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
     """
-    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 1]
+    cuda = device.type == "cuda"
+    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 2 if cuda else 1]
     env = os.environ.get("PATHLAB_DECODE_ATTEND", "")
     if env:
         parts = [int(x) if x.strip().isdigit() else -1 for x in env.split(",")]
@@ -397,7 +399,7 @@ def attend_config(head_dim, device):
                              f"power-of-two block, positive integers and dot 0, 1 or 2, got {env!r}")
         default[:len(parts)] = parts
     block, warps, stages, per_sm, dot = default
-    if device.type == "cuda":
+    if cuda:
         programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         programs = 8
