@@ -56,7 +56,9 @@ def supports_input(x: torch.Tensor) -> bool:
 
 def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rotate_pairs` can rotate ``x`` by these tables: a 4-D x of fp32, fp16 or bf16, fp32 tables
-    of at most 4 dims that need no gradient, all on one device."""
+    of at most 4 dims that need no gradient, all on one device. (``requires_grad is False`` rather than ``not``:
+    under ``torch.compile``, Dynamo cannot apply ``not`` to a tensor attribute it does not know, and broke the graph
+    there.)"""
     return (supports_input(x) and cos.dtype == torch.float32 and sin.dtype == torch.float32
             and cos.dim() <= 4 and sin.dim() <= 4
             and cos.requires_grad is False and sin.requires_grad is False
