@@ -160,3 +160,20 @@ def test_whole_model_compiles_through_the_op_without_a_graph_break(attention, mo
     assert len(compiled) == len(eager)
     for got, want in zip(compiled, eager):
         assert rel_err(got, want) < 1e-5
+
+
+def test_rotation_op_takes_expanded_kv_heads():
+    """Grouped kv heads reach the rotation expanded (stride 0 over the head axis); the op reads them in place and
+    autograd sums the gradient back over the group."""
+    gen = torch.Generator().manual_seed(4)
+    k = torch.randn(2, 9, 1, 16, generator=gen, requires_grad=True)
+    cos, sin = (t.float() for t in tables((2, 9, 3, 8), gen))
+    expanded = k.expand(2, 9, 3, 16)
+    assert expanded.stride(2) == 0
+    dy = torch.randn(2, 9, 3, 16, generator=gen)
+    (dk,) = torch.autograd.grad(rotate_pairs(expanded, cos, sin, -1), k, dy)
+    k64 = k.detach().double().requires_grad_()
+    y64 = rotate_cos_sin(k64.expand(2, 9, 3, 16), cos.double(), sin.double(), inverse=True)
+    (dk64,) = torch.autograd.grad(y64, k64, dy.double())
+    assert rel_err(rotate_pairs(expanded, cos, sin, -1), y64) < 1e-6
+    assert rel_err(dk, dk64) < 1e-6
