@@ -427,11 +427,13 @@ def test_attend_config_reads_the_environment(monkeypatch):
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("PATHLAB_DECODE_ATTEND", raising=False)
-    assert attend_config(64, cpu) == (64, 4, 3, 8, True) and attend_config(128, cpu)[0] == 32
+    assert attend_config(64, cpu) == (64, 4, 3, 8, 1) and attend_config(128, cpu)[0] == 32  # TF32 on the CPU
     monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "128,8")
-    assert attend_config(64, cpu) == (128, 8, 3, 8, True)
+    assert attend_config(64, cpu) == (128, 8, 3, 8, 1)
     monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,0")
-    assert attend_config(64, cpu) == (64, 4, 3, 8, False)
+    assert attend_config(64, cpu) == (64, 4, 3, 8, 0)
+    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,2")
+    assert attend_config(64, cpu) == (64, 4, 3, 8, 2)
     for bad in ("96", "64,0", "1,2,3,4,3", "1,2,3,4,1,1", "x"):
         monkeypatch.setenv("PATHLAB_DECODE_ATTEND", bad)
         with pytest.raises(ValueError, match="PATHLAB_DECODE_ATTEND must be"):
