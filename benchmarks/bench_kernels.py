@@ -187,7 +187,7 @@ def bench_case(T, H, D, methods, device, tokens):
 
 
 SCAN_KERNELS = ("_path_fwd_kernel", "_path_bwd_kernel")  # the Triton scan; everything else is per-token work
-UT_KERNELS = ("_ut_fwd_kernel", "_ut_bwd_kernel")  # the fused UT transform (methods *_ut_triton)
+UT_KERNELS = ("_ut_inverse_kernel", "_ut_fwd_kernel", "_ut_bwd_heads_kernel", "_ut_bwd_chunk_kernel")  # fused UT (*_ut_triton)
 
 
 def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):

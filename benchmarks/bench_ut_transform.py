@@ -66,11 +66,50 @@ def measure(T, H, Hkv, D, device="cuda"):
     )
 
 
-def print_resources():
-    """Registers, spills and shared memory of every compiled variant of the two kernels."""
-    from pathlab.kernels._triton_ut import _ut_bwd_kernel, _ut_fwd_kernel
+def measure_inverse(T, Hkv, D, warps, device="cuda"):
+    """The inverse kernel alone, A = (I + strictLower(D_β W Wᵀ))⁻¹ for every (kv head, chunk) of B = 1, T tokens
+    (β ∈ [1.5, 2]): its relative error against an fp64 inverse and its median time for each ``num_warps`` in
+    ``warps``, beside ``torch.linalg.solve_triangular`` (cuBLAS trsm, the PyTorch route's solve) on the same
+    matrices. Times are None on a CPU."""
+    import triton.testing
 
-    for kernel in (_ut_fwd_kernel, _ut_bwd_kernel):
+    from pathlab.kernels import _triton_ut
+    from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    w = torch.nn.functional.normalize(torch.randn(1, T, Hkv, D, device=device, generator=gen), dim=-1)
+    beta = 1.5 + 0.5 * torch.rand(1, T, Hkv, device=device, generator=gen)
+    layout = build_layout(1, T, 64, device)
+    tokens = slot_tokens(layout, 1, T)
+    wc, bc = to_chunks(w, layout), to_chunks(beta, layout)
+    eye = torch.eye(64, device=device)
+    lower = eye + (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).tril(-1)
+    want = torch.linalg.inv(lower.double())
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, return_mode="median") if device == "cuda" else None
+
+    out = dict(matrices=int(wc.shape[0] * wc.shape[1]))
+    default = _triton_ut._INVERSE_NUM_WARPS
+    try:
+        for nw in warps:
+            _triton_ut._INVERSE_NUM_WARPS = nw
+            got = _triton_ut._inverse(w, beta, tokens, T, 64)
+            out[f"triton_warps{nw}"] = dict(err=rel_err(got, want),
+                                            ms=bench(lambda: _triton_ut._inverse(w, beta, tokens, T, 64)))
+    finally:
+        _triton_ut._INVERSE_NUM_WARPS = default
+    solve = lambda: torch.linalg.solve_triangular(lower, eye.expand_as(lower), upper=False, unitriangular=True)  # noqa: E731
+    out["trsm"] = dict(err=rel_err(solve(), want), ms=bench(solve))
+    return out
+
+
+def print_resources():
+    """Registers, spills and shared memory of every compiled variant of the UT kernels."""
+    from pathlab.kernels import _triton_ut
+
+    for kernel in (_triton_ut._ut_inverse_kernel, _triton_ut._ut_fwd_kernel, _triton_ut._ut_bwd_heads_kernel,
+                   _triton_ut._ut_bwd_chunk_kernel):
         for cache in getattr(kernel, "device_caches", {}).values():
             for compiled in cache[0].values():
                 try:
@@ -83,13 +122,20 @@ def print_resources():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="300x4x2x64,4096x12x12x64,512x16x16x128", help="comma list of TxHxHkvxD")
+    ap.add_argument("--sizes", default="300x4x2x64,4096x12x12x64,512x16x16x128",
+                    help="comma list of TxHxHkvxD ('' for none)")
+    ap.add_argument("--inverse", default="", help="TxHkvxD: time the inverse kernel alone at this size (and trsm)")
+    ap.add_argument("--inverse-warps", default="2,4,8", help="comma list of num_warps for --inverse")
     ap.add_argument("--out", default="ut-transform.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
     out = {}
-    for size in args.sizes.split(","):
+    if args.inverse:
+        T, Hkv, D = map(int, args.inverse.split("x"))
+        out["inverse"] = dict(size=args.inverse, **measure_inverse(T, Hkv, D, [int(x) for x in args.inverse_warps.split(",")]))
+        print("inverse", json.dumps(out["inverse"]), flush=True)
+    for size in filter(None, args.sizes.split(",")):
         T, H, Hkv, D = map(int, size.split("x"))
         try:
             out[size] = measure(T, H, Hkv, D)

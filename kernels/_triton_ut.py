@@ -1,17 +1,19 @@
-"""The per-chunk UT transform of ``_ut`` as two fused Triton kernels (forward, and backward by recomputation).
+"""The per-chunk UT transform of ``_ut`` as fused Triton kernels: the inverse, the forward, the backward.
 
 The outputs are those of :func:`kernels._ut.ut_factors`, which stays the reference; the inputs are read in place
 from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) through the chunk layout's token
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
-(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32 and computes (tf32 tensor-core products,
-3-pass where they feed the inverse: see PRECISION):
+(kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32. The inverse kernel computes
 
     N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (16×16 diagonal blocks by substitution, then a short series)
+
+into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 (see PRECISION), forms
+
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
 
-The backward recomputes N, A, U, X from (W, K, β), so autograd keeps only the inputs (the PyTorch version keeps
-fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
+The backward runs the inverse kernel again and recomputes U, X from (W, K, β), so autograd keeps only the
+inputs (the PyTorch version keeps fp32 chunk copies and every BT×BT and BT×D intermediate). Given dq̃, dk̃, dM, dS_d, in reverse order of the
 forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_raw‖ (dW / ε where ‖w_raw‖ ≤ ε):
 
     dU = W dM − Σ_g Q_Wᵀ dq̃,   dX = −W dk̃ᵀ − Σ_g Q_Wᵀ dS_d
@@ -50,70 +52,123 @@ def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
 
 
 @triton.jit
-def _this_chunk(W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
-                BT: tl.constexpr, D: tl.constexpr):
-    """This program's chunk n and kv head hk, its rows' flat tokens b·T + t (NTOK for padding) and validity, and
-    its w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖, k and β."""
+def _chunk_rows(TOK, NTOK, BT: tl.constexpr, D: tl.constexpr):
+    """This program's chunk n and kv head hk, its rows' flat tokens b·T + t (NTOK for padding) and validity."""
     n = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1).to(tl.int64)
     rows = tl.arange(0, BT)
-    dcol = tl.arange(0, D)
     tok = tl.load(TOK + n * BT + rows)
-    valid = tok < NTOK
+    return n, hk, rows, tl.arange(0, D), tok, tok < NTOK
+
+
+@triton.jit
+def _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol):
+    """The chunk's w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖ and β."""
     w_raw = _load_rows(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
     norm = tl.sqrt(tl.sum(w_raw * w_raw, axis=1))
-    k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
     b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
-    return n, hk, rows, dcol, tok, valid, w_raw / tl.maximum(norm, 1e-12)[:, None], norm, k, b
+    return w_raw / tl.maximum(norm, 1e-12)[:, None], norm, b
 
 
 @triton.jit
-def _unit_lower_inverse(n, rows, BT: tl.constexpr):
-    """A = (I + N)⁻¹ for strictly lower N ``[BT, BT]``, in two stages of matrix products.
+def _this_chunk(W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h,
+                BT: tl.constexpr, D: tl.constexpr):
+    """The chunk's rows (as ``_chunk_rows``), w, ‖w_raw‖, k, β and A (written by ``_ut_inverse_kernel``)."""
+    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
+    a = tl.load(AINV + ((hk * tl.num_programs(0) + n) * BT + rows[:, None]) * BT + rows[None, :])
+    return n, hk, rows, dcol, tok, valid, w, norm, k, b, a
 
-    1. The 16×16 diagonal blocks, all at once, by forward substitution: D starts as I and step i (1 … 15)
-       sets row i of every block, D_r ← D_r − Σ_j N_bd[r, j] D_j, as one product of the masked N_bd rows with D.
-    2. The rest: with E = D N_off (N below the diagonal blocks), I + N = (I + N_bd)(I + E), and E is strictly
-       block-lower, so E^(BT/16) = 0 and (I + E)⁻¹ = Σ_k (−E)^k = (I − E)(I + E²)(I + E⁴)⋯; A = (I + E)⁻¹ D.
-    """
-    SUB: tl.constexpr = 16
-    same_block = (rows[:, None] // SUB) == (rows[None, :] // SUB)
-    n_bd = tl.where(same_block, n, 0.0)
-    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    d = eye
-    for i in range(1, SUB):
-        d -= tl.dot(tl.where((rows % SUB == i)[:, None], n_bd, 0.0), d, input_precision=INVERSE_PRECISION)
-    e = tl.dot(d, tl.where(same_block, 0.0, n), input_precision=INVERSE_PRECISION)
-    series = eye - e  # (I − E)(I + E²)⋯(I + E^(2^s)), s = 0, 0, 1, 2 squarings for BT/16 = 1, 2, 4, 8 blocks
-    power = e
-    for _ in tl.static_range(BT // 64):
-        power = tl.dot(power, power, input_precision=INVERSE_PRECISION)
-        series += tl.dot(series, power, input_precision=INVERSE_PRECISION)
-    return tl.dot(series, d, input_precision=INVERSE_PRECISION)
+
+SUB: tl.constexpr = tl.constexpr(16)  # the inverse's block size
 
 
 @triton.jit
-def _chunk_factors(w, k, b, rows, BT: tl.constexpr):
-    """A = (I + strictLower(D_β W Wᵀ))⁻¹, A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
+def _diagonal_block_inverses(A, BT: tl.constexpr):
+    """In place: every 16×16 diagonal block of ``A [BT, BT]`` (fp32, one matrix; strictly lower N there) becomes
+    (I + N_bb)⁻¹, all blocks at once by forward substitution on a ``[BT/16, 16, 16]`` tile:
+    row i ← e_i − Σ_{j<i} N_ij · row j, for i = 1 … 15 (each step two reductions, exact fp32)."""
+    NB: tl.constexpr = BT // SUB
+    blk = tl.arange(0, NB)[:, None, None]
+    r = tl.arange(0, SUB)[None, :, None]
+    c = tl.arange(0, SUB)[None, None, :]
+    ptr = A + (blk * SUB + r) * BT + blk * SUB + c
+    nb = tl.load(ptr)
+    inv = tl.where(r == c, 1.0, 0.0) + tl.zeros((NB, SUB, SUB), tl.float32)
+    for i in tl.static_range(1, SUB):
+        n_i = tl.sum(tl.where(r == i, nb, 0.0), axis=1)  # row i of every block's N      [NB, 16] (block, j)
+        row = tl.sum(n_i[:, :, None] * inv, axis=1)  # Σ_j N_ij · row j of the inverse   [NB, 16] (block, col)
+        inv = tl.where(r == i, inv - row[:, None, :], inv)
+    tl.store(ptr, inv)
+
+
+@triton.jit
+def _unit_lower_inverse_in_place(A, BT: tl.constexpr):
+    """In place: ``A [BT, BT]`` (fp32, row-major, one matrix) holds a strictly lower N on entry and
+    (I + N)⁻¹ on exit, in exact fp32 arithmetic (no tf32), by 16×16 blocks:
+
+        A_ii = (I + N_ii)⁻¹   (all diagonal blocks at once, forward substitution)
+        A_ij = −A_ii Σ_{k=j}^{i−1} N_ik A_kj,   j < i  (block forward substitution, j ascending)
+
+    Block (i, j) is overwritten only after the last read of N_ij (row block i needs N_ik for k ≥ j only), and a
+    barrier separates each row block's stores from the next one's reads. The work is about BT³/3 multiply-adds
+    in products of 16×16 blocks, against (BT/16 − 1 + 3)·BT³·3 for a full-tile series: few registers, so many
+    programs share a multiprocessor."""
+    NB: tl.constexpr = BT // SUB
+    _diagonal_block_inverses(A, BT)
+    tl.debug_barrier()
+    r = tl.arange(0, SUB)
+    blk = r[:, None] * BT + r[None, :]  # offsets of the 16×16 block at (0, 0)
+    for i in tl.static_range(1, NB):
+        a_ii = tl.load(A + blk + i * SUB * (BT + 1))
+        for j in tl.static_range(i):
+            acc = tl.zeros((SUB, SUB), tl.float32)
+            for k in tl.static_range(j, i):
+                n_ik = tl.load(A + blk + i * SUB * BT + k * SUB)
+                a_kj = tl.load(A + blk + k * SUB * BT + j * SUB)
+                acc += tl.dot(n_ik, a_kj, input_precision="ieee")
+            tl.store(A + blk + i * SUB * BT + j * SUB, -tl.dot(a_ii, acc, input_precision="ieee"))
+        tl.debug_barrier()
+
+
+@triton.jit
+def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+                       BT: tl.constexpr, D: tl.constexpr):
+    """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32): the
+    Gram matrix by a 3-pass tf32 product (fp32-level accuracy), stored, then inverted in place.
+
+    A kernel of its own, so that the inverse and the products of the transform never share one program's
+    registers and shared memory."""
+    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     strict = rows[:, None] > rows[None, :]
-    n = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
-    a = _unit_lower_inverse(n, rows, BT)
+    nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
+    a = AINV + (hk * tl.num_programs(0) + n) * BT * BT
+    tl.store(a + rows[:, None] * BT + rows[None, :], nmat)
+    tl.debug_barrier()
+    _unit_lower_inverse_in_place(a, BT)
+
+
+@triton.jit
+def _chunk_factors(a, w, k, b, rows):
+    """A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
     ad = a * b[None, :]
     u = tl.dot(ad, w, input_precision=PRECISION)
-    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
+    wk = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
     x = tl.dot(ad, wk, input_precision=PRECISION)
-    return a, ad, u, wk, x
+    return ad, u, wk, x
 
 
 @triton.jit
 def _ut_fwd_kernel(
-    Q, K, W, BETA, TOK, QS, KS, M, SD, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, QS, KS, M, SD, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
-        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision=PRECISION))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
@@ -130,14 +185,16 @@ def _ut_fwd_kernel(
 
 
 @triton.jit
-def _ut_bwd_kernel(
-    Q, K, W, BETA, TOK, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
+def _ut_bwd_heads_kernel(
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    n, hk, rows, dcol, tok, valid, w, norm, k, b = _this_chunk(
-        W, K, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    a, ad, u, wk, x = _chunk_factors(w, k, b, rows, BT)
+    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dk_end = tl.load(DKS + chunk)
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
@@ -147,7 +204,6 @@ def _ut_bwd_kernel(
     dw -= tl.dot(x, dk_end, input_precision=PRECISION)
     dk = dk_end
     lower = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
         h = hk * GROUP + gi
@@ -165,6 +221,30 @@ def _ut_bwd_kernel(
         dx -= tl.dot(tl.trans(qw), ds, input_precision=PRECISION)
         dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
         dw += tl.dot(tl.trans(dqw), q, input_precision=PRECISION)
+    tl.store(DU + chunk, du)
+    tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
+    tl.store(DKP + chunk, dk)
+    tl.store(DWP + chunk, dw)
+
+
+@triton.jit
+def _ut_bwd_chunk_kernel(
+    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, NC, T, NTOK,
+    sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, second half: from dU, dX and the partial dk, dw, the paths through U = A D_β W,
+    X = A D_β strictLower(W Kᵀ), the inverse and the normalisation; writes dk, dw and dβ in the token layout."""
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    strict = rows[:, None] > rows[None, :]
+    ad = a * b[None, :]
+    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
+    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    du = tl.load(DU + chunk)
+    dx = tl.load(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :])
+    dk = tl.load(DKP + chunk)
+    dw = tl.load(DWP + chunk)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
     dad = tl.dot(du, tl.trans(w), input_precision=PRECISION) + tl.dot(dx, tl.trans(wk), input_precision=PRECISION)
     dw += tl.dot(tl.trans(ad), du, input_precision=PRECISION)
@@ -177,7 +257,7 @@ def _ut_bwd_kernel(
     at = tl.trans(a)
     dn = -tl.dot(tl.dot(at, da, input_precision=PRECISION), at, input_precision=PRECISION)
     dn = tl.where(strict, dn, 0.0)
-    db += tl.sum(dn * tl.dot(w, tl.trans(w), input_precision=PRECISION), axis=1)  # W Wᵀ again, not kept live
+    db += tl.sum(dn * tl.dot(w, tl.trans(w), input_precision=PRECISION), axis=1)
     dgram = dn * b[:, None]
     dw += tl.dot(dgram + tl.trans(dgram), w, input_precision=PRECISION)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
@@ -195,14 +275,30 @@ def _ut_bwd_kernel(
 _NUM_WARPS = 8  # two warp groups: each fp32 [BT, D] tile takes half the registers per thread that 4 warps need
 
 
-def _launch(kernel, grid, *args, GROUP, BT, D):
+_INVERSE_NUM_WARPS = 4  # the inverse works on 16×16 blocks: few registers, several programs per multiprocessor
+
+
+def _launch(kernel, grid, *args, BT, D, num_warps=_NUM_WARPS, **meta):
     """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error."""
     try:
-        kernel[grid](*args, GROUP=GROUP, BT=BT, D=D, num_warps=_NUM_WARPS)
+        kernel[grid](*args, BT=BT, D=D, **meta, num_warps=num_warps)
     except OutOfResources as err:
+        group = f", {meta['GROUP']} query heads per kv head" if "GROUP" in meta else ""
         raise RuntimeError(
-            f"the fused UT kernels do not fit this GPU for head dim {D}, {GROUP} query heads per kv head and "
-            f"block size {BT} ({err}); use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
+            f"the fused UT kernels do not fit this GPU for head dim {D}{group} and block size {BT} ({err}); "
+            f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
+
+
+def _inverse(w, beta, tokens, T, BT, out=None):
+    """A = (I + strictLower(D_β W Wᵀ))⁻¹ of every (kv head, chunk): ``[Hkv, NC, BT, BT]`` fp32 (w already unit-last),
+    into ``out`` if given (the kernel writes every element)."""
+    B, Hkv, D = w.shape[0], w.shape[2], w.shape[3]
+    NC = tokens.numel() // BT
+    a = torch.empty((Hkv, NC, BT, BT), dtype=torch.float32, device=w.device) if out is None else out
+    if NC > 0:
+        _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
+                BT=BT, D=D, num_warps=_INVERSE_NUM_WARPS)
+    return a
 
 
 def _strides(q, k, w, beta):
@@ -232,7 +328,8 @@ def _ut_fwd_impl(q, k, w, beta, tokens, block):
     m = torch.full((Hkv, NC, D, D), float("nan"), **f32)
     sd = torch.full((H, NC, BT, BT), float("nan"), **f32)
     if NC > 0:
-        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, qs, ks, m, sd, NC, T, B * T,
+        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), qs, ks, m, sd,
+                NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
     return qs, ks, m, sd
 
@@ -256,8 +353,15 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
     dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        _launch(_ut_bwd_kernel, (NC, Hkv), q, k, w, beta, tokens, *grads, dq, dk, dw, dbeta, NC, T, B * T,
-                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
+        a = _inverse(w, beta, tokens, T, BT)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        du, dk_part, dw_part = (torch.empty((Hkv, NC, BT, D), **f32) for _ in range(3))
+        dx = torch.empty((Hkv, NC, BT, BT), **f32)
+        strides = _strides(q, k, w, beta)
+        _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, *grads, dq, du, dx, dk_part, dw_part,
+                NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D)
+        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
+                NC, T, B * T, *strides[3:], BT=BT, D=D)
     return dq, dk, dw, dbeta
 
 

@@ -73,7 +73,7 @@ CASES = [
     pytest.param(2, 43, 4, 2, 32, 16, (0.0, 2.0), id="B2-T43-H4kv2-BT16-D32"),
     pytest.param(1, 70, 3, 1, 64, 32, (0.0, 2.0), id="T70-H3kv1-BT32-D64"),
     pytest.param(1, 100, 2, 2, 128, 64, (0.0, 2.0), id="T100-BT64-D128"),
-    pytest.param(1, 200, 2, 1, 16, 128, (0.0, 2.0), id="T200-H2kv1-BT128-D16"),  # two squarings in the inverse
+    pytest.param(1, 200, 2, 1, 16, 128, (0.0, 2.0), id="T200-H2kv1-BT128-D16"),  # eight 16×16 blocks in the inverse
     pytest.param(1, 40, 2, 1, 32, 32, (0.0, 1e-3), id="T40-H2kv1-D32-beta-near-0"),
     pytest.param(1, 40, 2, 2, 32, 32, (1.999, 2.0), id="T40-D32-beta-near-2"),
 ]
@@ -242,3 +242,28 @@ def test_ut_transform_benchmark_runs_on_the_cpu():
     assert max(errs["dq"], errs["dk"]) < 1e-2, errs  # one bf16 rounding (2⁻⁸ relative) apart at most
     assert not any(row["nans"])
     assert row["fused_fwd_ms"] is None and row["torch_fwdbwd_ms"] is None
+    inverse = bench.measure_inverse(200, 2, 16, [1, 4], device="cpu")
+    assert inverse["matrices"] == 2 * 4  # 2 kv heads × 4 chunks of 64
+    for name in ("triton_warps1", "triton_warps4", "trsm"):
+        assert inverse[name]["err"] < 1e-6 and inverse[name]["ms"] is None, inverse
+
+
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+@pytest.mark.parametrize("beta_range", [(0.0, 0.05), (1.9, 2.0)], ids=["beta0", "beta2"])
+def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range):
+    """``_ut_inverse_kernel`` (16×16 blocks, in place) against an fp64 inverse of I + strictLower(D_β W Wᵀ), on a
+    buffer pre-filled with NaN, with the last chunk padded: fp32 accuracy, every element written."""
+    from pathlab.kernels import _triton_ut
+
+    T = 2 * block + 7
+    _, _, w, beta = token_inputs(1, T, 2, 2, 32, beta_range, seed=block)
+    wn = torch.nn.functional.normalize(w, dim=-1)
+    layout = build_layout(1, T, block, "cpu")
+    got = torch.full((2, 3, block, block), float("nan"))
+    _triton_ut._inverse(wn, beta, slot_tokens(layout, 1, T), T, block, out=got)
+    wc, bc = to_chunks(wn.double(), layout), to_chunks(beta.double(), layout)
+    lower = torch.eye(block, dtype=torch.float64) + (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).tril(-1)
+    want = torch.linalg.inv(lower)
+    assert not torch.isnan(got).any()
+    assert rel_rms(got, want) < 1e-6, rel_rms(got, want)
+    assert torch.equal(got.triu(1), torch.zeros_like(got))
