@@ -275,7 +275,8 @@ def _ut_bwd_chunk_kernel(
 _NUM_WARPS = 8  # two warp groups: each fp32 [BT, D] tile takes half the registers per thread that 4 warps need
 
 
-_INVERSE_NUM_WARPS = 4  # the inverse works on 16×16 blocks: few registers, several programs per multiprocessor
+_INVERSE_NUM_WARPS = 2  # the inverse works on 16×16 blocks; on an H200, 2 warps took 0.29 ms for 6144 inverses,
+#                          4 warps 0.44 ms, 8 warps 1.13 ms (benchmarks/results/ut-transform-h200-blocked-inverse.json)
 
 
 def _launch(kernel, grid, *args, BT, D, num_warps=_NUM_WARPS, **meta):
