@@ -163,6 +163,19 @@ def test_unknown_ut_name_is_a_clear_error():
         path_attention_triton(x, x, x, x, torch.rand(1, 8, 1), ut="cuda")
 
 
+def test_auto_picks_the_fused_transform_on_cuda_up_to_head_dim_64():
+    from types import SimpleNamespace
+
+    from pathlab.kernels.path import _ut_name
+
+    def on(device, D):
+        return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, D))
+
+    assert [_ut_name("auto", on("cuda", D)) for D in (16, 32, 64, 128)] == ["triton"] * 3 + ["torch"]
+    assert [_ut_name("auto", on("cpu", D)) for D in (16, 64)] == ["torch", "torch"]
+    assert _ut_name("torch", on("cuda", 64)) == "torch" and _ut_name("triton", on("cpu", 128)) == "triton"
+
+
 def _graph_nodes(tensor):
     """Names of the autograd nodes behind ``tensor``."""
     names, todo = [], [tensor.grad_fn]
@@ -174,10 +187,11 @@ def _graph_nodes(tensor):
     return names
 
 
-@pytest.mark.parametrize("env, fused", [(None, False), ("torch", False), ("triton", True)])
+@pytest.mark.parametrize("env, fused", [(None, False), ("auto", False), ("torch", False), ("triton", True)])
 def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fused):
     """``PATHLAB_PATH_UT=triton`` switches the default, for benchmarks of whole models: the output then comes
-    from the recomputing op (UT kernels + scan), otherwise from the scan op fed by PyTorch's UT transform."""
+    from the recomputing op (UT kernels + scan), otherwise from the scan op fed by PyTorch's UT transform
+    (``auto``, the default, on a CPU)."""
     if env is None:
         monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
     else:
