@@ -80,7 +80,6 @@ def path_attention(q, k, v, w, beta, g=None, *, scale=None, backend: str = "auto
         return reference(q, k, v, w, beta, g, scale=scale)
     if debug_enabled():
         check_path_values(beta, g)
-    w = normalize_w(w)
     beta = beta.to(torch.promote_types(beta.dtype, torch.float32))
     g = None if g is None else g.to(torch.promote_types(g.dtype, torch.float32))
     if backend == "triton":
@@ -89,9 +88,11 @@ def path_attention(q, k, v, w, beta, g=None, *, scale=None, backend: str = "auto
             raise ValueError(f"backend='triton' is unavailable: {kernel}")
         if q.device.type != "cuda":
             raise ValueError(f"backend='triton' needs CUDA tensors, got q on {q.device}")
+        # the kernel normalises the raw w in fp32 itself (the fused UT route reads it in place, in its dtype);
         # autocast would run the fp32 UT prep's matrix products in bf16: the dtypes here are chosen explicitly
         with torch.autocast(q.device.type, enabled=False):
-            return kernel(q, k, v, w.to(torch.float32), beta.float(), None if g is None else g.float(), scale=scale)
+            return kernel(q, k, v, w, beta.float(), None if g is None else g.float(), scale=scale)
+    w = normalize_w(w)
     from pathlab.ops.path_blockwise import path_attention_blockwise
 
     with torch.autocast(q.device.type, enabled=False):
