@@ -91,3 +91,24 @@ def test_learned_rotation_starts_as_rope():
     rot.load_state_dict(rope.state_dict(), strict=False)
     idx = torch.randint(0, VOCAB, (1, 30))
     assert torch.allclose(rot(idx)[0], rope(idx)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("conv_size", [1, 3, 4])
+@pytest.mark.parametrize("with_tail", [False, True])
+def test_path_short_convolution_matches_conv1d(conv_size, with_tail):
+    """PaTH's causal depthwise convolution (K shifted products) equals ``F.conv1d(groups=C)`` over the
+    tail-padded window, then SiLU, in fp64; with and without the generation tail."""
+    import torch.nn.functional as F
+
+    from pathlab.attention.path import PaTH
+
+    torch.manual_seed(conv_size)
+    attn = PaTH(conv_size=conv_size, n_embd=32, n_head=2, n_kv_head=2, head_dim=16, vocab_size=64,
+                layer_idx=0).double()
+    x = torch.randn(2, 9, attn.w_conv.shape[0], dtype=torch.float64)
+    tail = torch.randn(2, conv_size - 1, x.shape[-1], dtype=torch.float64) if with_tail else None
+    got = attn._conv(x, tail)
+    pad = tail if with_tail else x.new_zeros(2, conv_size - 1, x.shape[-1])
+    window = torch.cat((pad, x), dim=1).transpose(1, 2)
+    want = F.silu(F.conv1d(window, attn.w_conv[:, None, :], groups=x.shape[-1]).transpose(1, 2))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -60,13 +60,21 @@ class PaTH(PositionalAttention):
 
     def _conv(self, w_pre: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
         """Causal depthwise convolution + SiLU over time: ``[B, T, kv_dim]`` -> same; ``tail`` holds the
-        preceding ``conv_size − 1`` inputs (zeros at the start of a sequence)."""
+        preceding ``conv_size − 1`` inputs (zeros at the start of a sequence).
+
+        out_t = silu(Σ_k x_{t−K+1+k} ⊙ f_k), f = ``w_conv [C, K]``, summed in fp32 (at least) as K shifted
+        products: one elementwise kernel under ``torch.compile`` (``F.conv1d`` with ``groups=C`` ran as a generic
+        depthwise kernel, 7.7 ms of an ``owt16`` training step on an H200)."""
         B, T, C = w_pre.shape
         if tail is None:
             tail = w_pre.new_zeros(B, self.conv_size - 1, C)
-        window = torch.cat((tail.to(w_pre.dtype), w_pre), dim=1).transpose(1, 2)  # [B, C, T + K − 1]
-        out = F.conv1d(window, self.w_conv.to(w_pre.dtype)[:, None, :], groups=C)
-        return F.silu(out.transpose(1, 2))
+        work = torch.promote_types(w_pre.dtype, torch.float32)
+        window = torch.cat((tail.to(w_pre.dtype), w_pre), dim=1).to(work)  # [B, T + K − 1, C]
+        taps = self.w_conv.to(work)  # [C, K]
+        out = window[:, :T] * taps[:, 0]
+        for k in range(1, self.conv_size):
+            out = out + window[:, k:k + T] * taps[:, k]
+        return F.silu(out).to(w_pre.dtype)
 
     def path_inputs(self, x, *, conv_tail=None):
         """(w ``[B, T, Hkv, D]`` unnormalised, β ``[B, T, Hkv]`` fp32, g ``[B, T, H]`` fp32 or None)."""
