@@ -34,6 +34,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ._layout import slot_tokens
+from ._mode import unwritten
 
 # W Wᵀ and the inverse A = (I + N)⁻¹ take 3-pass tf32 products (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
 # tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding); the other products take 1-pass tf32,
@@ -324,10 +325,10 @@ def _ut_fwd_impl(q, k, w, beta, tokens, block):
     NC = tokens.numel() // BT
     q, k, w = _unit_last(q), _unit_last(k), _unit_last(w)
     f32 = dict(dtype=torch.float32, device=q.device)
-    qs = torch.full((H, NC, BT, D), float("nan"), **f32)
-    ks = torch.full((Hkv, NC, BT, D), float("nan"), **f32)
-    m = torch.full((Hkv, NC, D, D), float("nan"), **f32)
-    sd = torch.full((H, NC, BT, BT), float("nan"), **f32)
+    qs = unwritten((H, NC, BT, D), **f32)
+    ks = unwritten((Hkv, NC, BT, D), **f32)
+    m = unwritten((Hkv, NC, D, D), **f32)
+    sd = unwritten((H, NC, BT, BT), **f32)
     if NC > 0:
         _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), qs, ks, m, sd,
                 NC, T, B * T,
@@ -351,8 +352,8 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     q, k, w = _unit_last(q), _unit_last(k), _unit_last(w)
     grads = [t.contiguous() for t in (dqs, dks, dm, dsd)]
     # every token sits in exactly one chunk row, so the kernel writes every element (NaN shows one it missed)
-    dq, dk, dw = (torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device) for x in (q, k, w))
-    dbeta = torch.full(beta.shape, float("nan"), dtype=beta.dtype, device=beta.device)
+    dq, dk, dw = (unwritten(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w))
+    dbeta = unwritten(beta.shape, dtype=beta.dtype, device=beta.device)
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT)
         f32 = dict(dtype=torch.float32, device=q.device)

@@ -21,6 +21,7 @@ import os
 import torch
 
 from ._layout import build_layout, chunk_gate, from_chunks, slot_tokens, to_chunks
+from ._mode import interpreting, unwritten
 from ._ut import ut_factors
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -94,8 +95,8 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     prec = "ieee" if lowp == torch.float32 else "tf32"
     qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
-    o = torch.full((H, NC, BT, DV), float("nan"), dtype=v.dtype, device=v.device)
-    lse = torch.full((H, NC, BT), float("nan"), dtype=torch.float32, device=v.device)
+    o = unwritten((H, NC, BT, DV), dtype=v.dtype, device=v.device)
+    lse = unwritten((H, NC, BT), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
     num_warps, num_stages, _ = _launch_config("fwd", D, DV)
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
@@ -131,8 +132,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
-    dqs = torch.full((H, NC, BT, D), float("nan"), **f32)
-    dsd = torch.full((H, NC, BT, BT), float("nan"), **f32)
+    dqs = unwritten((H, NC, BT, D), **f32)
+    dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
     dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
@@ -203,7 +204,7 @@ def _check(q, k, v, w, beta, g, cu_seqlens):
     for name, t in (("q", q), ("k", k), ("v", v), ("w", w), ("beta", beta)) + ((("g", g),) if g is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda" and not _interpreting():
+        if t.device.type != "cuda" and not interpreting():
             raise ValueError(
                 f"path_attention_triton needs CUDA tensors, got {name} on {t.device} "
                 "(on a CPU, set TRITON_INTERPRET=1 before importing pathlab.kernels, or use backend='torch')"
@@ -246,10 +247,6 @@ def _static_dim(D) -> int:
         if D == d:
             return d
     raise ValueError(f"head dim D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 UT_BACKENDS = ("auto", "torch", "triton")

@@ -281,3 +281,22 @@ def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range):
     assert not torch.isnan(got).any()
     assert rel_rms(got, want) < 1e-6, rel_rms(got, want)
     assert torch.equal(got.triu(1), torch.zeros_like(got))
+
+
+def test_output_buffers_are_nan_under_the_interpreter_or_debug_and_unfilled_otherwise(monkeypatch):
+    """``_mode.unwritten``: NaN under the interpreter (these tests) and with PATHLAB_DEBUG=1 (the GPU tests);
+    on a GPU run without debug no fill kernel is spent on a buffer the kernel overwrites."""
+    from pathlab.kernels import _mode
+
+    assert torch.isnan(_mode.unwritten((3, 4), dtype=torch.float32, device="cpu")).all()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("PATHLAB_DEBUG", "1")
+    assert torch.isnan(_mode.unwritten((2,), dtype=torch.bfloat16, device="cpu")).all()
+    monkeypatch.delenv("PATHLAB_DEBUG")
+
+    def no_fill(*args, **kwargs):
+        raise AssertionError("unwritten filled a buffer outside the interpreter and debug mode")
+
+    monkeypatch.setattr(torch, "full", no_fill)
+    out = _mode.unwritten((5, 6), dtype=torch.float16, device="cpu")
+    assert out.shape == (5, 6) and out.dtype == torch.float16
