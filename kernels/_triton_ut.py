@@ -5,7 +5,7 @@ from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) t
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
 (kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32. The inverse kernel computes
 
-    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (16×16 diagonal blocks by substitution, then a short series)
+    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (by 16×16 blocks in exact fp32, see _unit_lower_inverse_in_place)
 
 into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 (see PRECISION), forms
 
@@ -36,10 +36,11 @@ from triton.runtime.errors import OutOfResources
 from ._layout import slot_tokens
 from ._mode import unwritten
 
-# W Wᵀ and the inverse A = (I + N)⁻¹ take 3-pass tf32 products (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
-# tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding); the other products take 1-pass tf32,
-# the precision of the scan's own products. Plain "ieee" fp32 products compile to unrolled FMA loops (minutes of
-# compilation for the backward) and 3-pass products everywhere need more shared memory than an H200 has.
+# W Wᵀ, which feeds the inverse, takes a 3-pass tf32 product (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
+# tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), and the inverse itself multiplies
+# 16×16 blocks in plain fp32; the other products take 1-pass tf32, the precision of the scan's own products.
+# Plain "ieee" fp32 products of whole tiles compile to unrolled FMA loops (minutes of compilation for the
+# backward), and 3-pass products everywhere need more shared memory than an H200 has.
 INVERSE_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
 PRECISION: tl.constexpr = tl.constexpr("tf32")
 
@@ -113,9 +114,11 @@ def _unit_lower_inverse_in_place(A, BT: tl.constexpr):
         A_ij = −A_ii Σ_{k=j}^{i−1} N_ik A_kj,   j < i  (block forward substitution, j ascending)
 
     Block (i, j) is overwritten only after the last read of N_ij (row block i needs N_ik for k ≥ j only), and a
-    barrier separates each row block's stores from the next one's reads. The work is about BT³/3 multiply-adds
-    in products of 16×16 blocks, against (BT/16 − 1 + 3)·BT³·3 for a full-tile series: few registers, so many
-    programs share a multiprocessor."""
+    barrier separates each row block's stores from the next one's reads. About BT³/3 multiply-adds in 16×16
+    products with few live registers, so several programs share a multiprocessor (the earlier full-tile form,
+    15 masked BT×BT×BT products and a series in 3-pass tf32, ran one program per multiprocessor and took 6.6×
+    as long on an H200).
+    """
     NB: tl.constexpr = BT // SUB
     _diagonal_block_inverses(A, BT)
     tl.debug_barrier()
