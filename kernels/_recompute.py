@@ -2,8 +2,8 @@
 
     forward:   (q̃, k̃, M, S_d) = UT(q, k, w, β)        ``_triton_ut`` kernels, reading the inputs in place
                (o, lse)        = scan(q̃, k̃, v, M, S_d, gate)
-    backward:  (q̃, k̃, M, S_d) = UT(q, k, w, β)        again, from the saved inputs
-               (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward
+    backward:  (q̃, k̃, M, S_d) = UT(q, k, w, β)        again, from the saved inputs (A kept for the last step)
+               (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward with that A
 
 v enters in its own layout and is gathered into chunks inside (again in the backward). Autograd keeps only the
 inputs, o and the log-sum-exp, as FlashAttention does: the fp32 q̃, k̃, M and S_d (8× one 16-bit q at D = 64)
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._layout import gather_chunks, scatter_chunks
-from ._triton_ut import _ut_bwd_impl, _ut_fwd_impl
+from ._triton_ut import ut_backward, ut_forward
 
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor tokens, "
@@ -36,7 +36,7 @@ def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order,
               programs):
     from .path import _scan_fwd_impl
 
-    qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
+    qs, ks, m, sd, _ = ut_forward(q, k, w, beta, tokens, block)
     vc = gather_chunks(v, tokens, block)
     return _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
 
@@ -53,12 +53,12 @@ def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_i
     """(dq, dk, dw, dβ, dv) in the inputs' shapes and dtypes, dG_local (empty without a gate)."""
     from .path import _scan_bwd_impl
 
-    qs, ks, m, sd = _ut_fwd_impl(q, k, w, beta, tokens, block)
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block)  # A is kept for the UT backward below
     vc = gather_chunks(v, tokens, block)
     dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
                                                 order, max_chunks, scale, programs)
     del qs, ks, m, sd, vc
-    dq, dk, dw, dbeta = _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block)
+    dq, dk, dw, dbeta = ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a)
     return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
 
 

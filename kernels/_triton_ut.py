@@ -321,7 +321,9 @@ def _check_tokens(tokens, block):
                          f"{tuple(tokens.shape)} for BT = {block}")
 
 
-def _ut_fwd_impl(q, k, w, beta, tokens, block):
+def ut_forward(q, k, w, beta, tokens, block):
+    """(q̃, k̃, M, S_d, A): the UT factors and the inverse they were formed with (``[Hkv, NC, BT, BT]`` fp32), so that
+    a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of inverting again."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
@@ -332,11 +334,15 @@ def _ut_fwd_impl(q, k, w, beta, tokens, block):
     ks = unwritten((Hkv, NC, BT, D), **f32)
     m = unwritten((Hkv, NC, D, D), **f32)
     sd = unwritten((H, NC, BT, BT), **f32)
+    a = _inverse(w, beta, tokens, T, BT)
     if NC > 0:
-        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, _inverse(w, beta, tokens, T, BT), qs, ks, m, sd,
-                NC, T, B * T,
+        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, a, qs, ks, m, sd, NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
-    return qs, ks, m, sd
+    return qs, ks, m, sd, a
+
+
+def _ut_fwd_impl(q, k, w, beta, tokens, block):
+    return ut_forward(q, k, w, beta, tokens, block)[:4]
 
 
 def _ut_fwd_fake(q, k, w, beta, tokens, block):
@@ -347,7 +353,9 @@ def _ut_fwd_fake(q, k, w, beta, tokens, block):
             torch.empty((Hkv, NC, D, D), **f32), torch.empty((H, NC, block, block), **f32))
 
 
-def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
+def ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a=None):
+    """(dq, dk, dw, dβ) from the factors' gradients; ``a`` is the inverse from :func:`ut_forward` of the same
+    inputs, or None to compute it here."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
@@ -358,7 +366,7 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
     dq, dk, dw = (unwritten(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w))
     dbeta = unwritten(beta.shape, dtype=beta.dtype, device=beta.device)
     if NC > 0:
-        a = _inverse(w, beta, tokens, T, BT)
+        a = _inverse(w, beta, tokens, T, BT) if a is None else a
         f32 = dict(dtype=torch.float32, device=q.device)
         du, dk_part, dw_part = (torch.empty((Hkv, NC, BT, D), **f32) for _ in range(3))
         dx = torch.empty((Hkv, NC, BT, BT), **f32)
@@ -368,6 +376,10 @@ def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
                 NC, T, B * T, *strides[3:], BT=BT, D=D)
     return dq, dk, dw, dbeta
+
+
+def _ut_bwd_impl(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):
+    return ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block)
 
 
 def _ut_bwd_fake(dqs, dks, dm, dsd, q, k, w, beta, tokens, block):

@@ -300,3 +300,19 @@ def test_output_buffers_are_nan_under_the_interpreter_or_debug_and_unfilled_othe
     monkeypatch.setattr(torch, "full", no_fill)
     out = _mode.unwritten((5, 6), dtype=torch.float16, device="cpu")
     assert out.shape == (5, 6) and out.dtype == torch.float16
+
+
+def test_fused_route_inverts_twice_per_forward_and_backward(monkeypatch):
+    """The recomputing op inverts once in the forward and once in the backward, whose UT backward reuses the A
+    of its own UT recomputation (a third inversion would repeat the same work)."""
+    from pathlab.kernels import _triton_ut
+
+    calls = []
+    inverse = _triton_ut._inverse
+    monkeypatch.setattr(_triton_ut, "_inverse", lambda *a, **kw: calls.append(1) or inverse(*a, **kw))
+    q, k, w, beta = (x.requires_grad_() for x in token_inputs(1, 40, 2, 1, 16, (0.0, 2.0), seed=5))
+    v = torch.randn(1, 40, 1, 16, requires_grad=True)
+    o = path_attention_triton(q, k, v, w, beta, block_size=16, ut="triton")
+    assert len(calls) == 1
+    o.square().sum().backward()
+    assert len(calls) == 2 and all(x.grad is not None and torch.isfinite(x.grad).all() for x in (q, k, v, w, beta))
