@@ -67,3 +67,25 @@ def test_fused_ut_route_keeps_what_sdpa_keeps_for_the_backward():
     assert rows["path_ut_triton"]["times_one_q"] <= 1.1
     assert rows["sdpa"]["times_one_q"] <= 1.1
     assert rows["path"]["times_one_q"] >= 10
+
+
+def test_kernel_resources_builds_for_sm90_without_a_gpu(tmp_path):
+    """``benchmarks/kernel_resources.py`` compiles kernels for an H200 on this CPU machine (in a process without
+    the interpreter) and reads ptxas's registers and spills and the PTX's instruction counts: the inverse kernel
+    at D = 16 multiplies 16×16 blocks with ``mma.sync``, synchronises between its row blocks, has no atomics."""
+    import json
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_resources.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "resources.json"
+    run = subprocess.run([sys.executable, str(script), "--dims", "16", "--only", "ut_inverse", "--out", str(out)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["target"] == "cuda sm_90" and "--only ut_inverse" in result["command"]
+    (row,) = result["rows"]
+    assert row["kernel"] == "ut_inverse D16" and "error" not in row, row
+    assert 0 < row["registers"] <= 255 and row["spill_store_bytes"] is not None
+    assert row["shared_bytes"] > 0 and row["mma_sync"] > 0 and row["bar_sync"] >= 3 and row["red"] == row["atom"] == 0

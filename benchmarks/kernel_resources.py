@@ -1,0 +1,128 @@
+"""Registers, spills and shared memory of the PaTH kernels as built for an H200 (sm_90), without a GPU.
+
+Each kernel is compiled by Triton for ``GPUTarget("cuda", 90, 32)`` and its PTX assembled by the ``ptxas`` that
+Triton ships (``ptxas -v``); the PTX is also searched for barriers (``bar.sync``), atomic reductions
+(``red.``, ``atom.``) and tensor-core instructions (``mma.sync``, ``wgmma``). Spills and barriers inside the scan's loop
+over chunk pairs are what a profile of the backward cannot show by itself; this runs on any machine with triton.
+
+    python benchmarks/kernel_resources.py --out kernel-resources-sm90.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+# Pointer arguments by name (the kernels spell pointers in capitals; any other is fp32), and the capitalised
+# integer arguments.
+POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "KS_SCAN": "*fp16",
+            "M_SCAN": "*fp16", "SCRATCH": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
+            "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
+INTEGERS = ("NC", "NH", "T", "NTOK")
+
+
+def signature(kernel, constexprs, scan: bool):
+    """Triton signature of ``kernel``: constexprs, typed pointers (capitalised names) and i32/fp32 scalars."""
+    sig = {}
+    for p in kernel.params:
+        name = p.name
+        if p.is_constexpr or name in constexprs:
+            sig[name] = "constexpr"
+        elif name.isupper() and name not in INTEGERS:
+            key = f"{name}_SCAN" if scan and name in ("KS", "M") else name
+            sig[name] = POINTERS.get(key, "*fp32")
+        else:
+            sig[name] = "fp32" if "scale" in name else "i32"
+    return sig
+
+
+def ptxas_path() -> pathlib.Path:
+    import triton.backends.nvidia as nvidia
+
+    bin_dir = pathlib.Path(nvidia.__file__).parent / "bin"
+    for name in ("ptxas-blackwell", "ptxas"):
+        if (bin_dir / name).exists():
+            return bin_dir / name
+    raise FileNotFoundError(f"no ptxas under {bin_dir}")
+
+
+def resources(kernel, constexprs, num_warps, num_stages=1, scan=False):
+    src = ASTSource(fn=kernel, signature=signature(kernel, constexprs, scan), constexprs=constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        log = subprocess.run([str(ptxas_path()), "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                             capture_output=True, text=True).stderr
+
+    def number(pattern):
+        found = re.findall(pattern, log)
+        return int(found[0]) if found else None
+
+    return dict(num_warps=num_warps, num_stages=num_stages, shared_bytes=compiled.metadata.shared,
+                registers=number(r"Used (\d+) registers"), spill_store_bytes=number(r"(\d+) bytes spill stores"),
+                spill_load_bytes=number(r"(\d+) bytes spill loads"), bar_sync=ptx.count("bar.sync"),
+                red=len(re.findall(r"\sred\.", ptx)), atom=len(re.findall(r"\satom\.", ptx)),
+                mma_sync=ptx.count("mma.sync"), wgmma=ptx.count("wgmma.mma_async"))
+
+
+def cases(dims):
+    from pathlab.kernels import _triton_path, _triton_ut
+
+    for D in dims:
+        for gate in (False, True):
+            for warps in (4, 8):
+                yield (f"scan_bwd D{D} gate={gate}", _triton_path._path_bwd_kernel,
+                       dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32", NO_ATOMICS=False,
+                            ACQ_REL=False), warps, True)
+            yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
+                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4 if D < 128 else 8, True)
+        yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
+        for name in ("_ut_fwd_kernel", "_ut_bwd_heads_kernel"):
+            yield (f"{name.strip('_')} D{D}", getattr(_triton_ut, name), dict(GROUP=1, BT=64, D=D),
+                   _triton_ut._NUM_WARPS, False)
+        yield (f"ut_bwd_chunk_kernel D{D}", _triton_ut._ut_bwd_chunk_kernel, dict(BT=64, D=D), _triton_ut._NUM_WARPS,
+               False)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dims", default="64,128", help="comma list of head dims")
+    ap.add_argument("--only", default="", help="build only the kernels whose label contains this text")
+    ap.add_argument("--out", default=None, help="JSON result file")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("kernel_resources builds GPU code: run it without TRITON_INTERPRET")
+    rows = []
+    for label, kernel, constexprs, warps, scan in cases([int(d) for d in args.dims.split(",")]):
+        if args.only not in label:
+            continue
+        try:
+            row = dict(kernel=label, **resources(kernel, constexprs, warps, scan=scan))
+        except Exception as err:  # noqa: BLE001  (a kernel that does not build for sm_90: record why, go on)
+            row = dict(kernel=label, num_warps=warps, error=f"{type(err).__name__}: {str(err)[:300]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        from pathlab.atomic import atomic_write_text
+
+        given = sys.argv[1:] if argv is None else argv
+        atomic_write_text(args.out, json.dumps(dict(command="python benchmarks/kernel_resources.py " + " ".join(given),
+                                                    triton=triton.__version__, target="cuda sm_90", rows=rows),
+                                               indent=1))
+
+
+if __name__ == "__main__":
+    main()
