@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -103,7 +102,9 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="build only the kernels whose label contains this text")
     ap.add_argument("--out", default=None, help="JSON result file")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from pathlab.kernels._mode import interpreting
+
+    if interpreting():
         raise SystemExit("kernel_resources builds GPU code: run it without TRITON_INTERPRET")
     rows = []
     for label, kernel, constexprs, warps, scan in cases([int(d) for d in args.dims.split(",")]):
