@@ -12,6 +12,8 @@ head shape: relative RMS error of o and of every gradient goes into the result f
         # fwd+bwd time by kernel: the Triton scan against the per-token work around it
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path_ut_triton,sdpa --decode ''
         # the UT transform in PyTorch ops against the fused kernels (``ut="triton"``), side by side
+    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path@PATHLAB_PATH_BWD_LOOPS=split,sdpa
+        # a method with kernel settings after '@': variants of one kernel side by side in one call
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -19,6 +21,7 @@ Needs a CUDA device. The result file is written atomically.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,6 +39,36 @@ FLEX_MAX_T = 16384  # FlexAttention is compiled per shape; the anchors stop at 1
 # the *_ut_triton and *_ut_torch methods force one
 PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "path_ut_torch", "path_fox_ut_torch")
 METHODS = PATH_METHODS + ("sdpa", "flex_alibi", "fla_path", "fla_path_fox", "fla_fox")
+
+
+def parse_method(name):
+    """``"path@PATHLAB_X=a@PATHLAB_Y=b"`` → ``("path", {"PATHLAB_X": "a", "PATHLAB_Y": "b"})``: a method run with
+    kernel settings in the environment, so that variants of one kernel are timed side by side in one call."""
+    base, *settings = name.split("@")
+    if base not in METHODS:
+        raise SystemExit(f"unknown method {base!r}; known: {METHODS}")
+    env = {}
+    for setting in settings:
+        key, sep, val = setting.partition("=")
+        if not sep or not key.startswith("PATHLAB_"):
+            raise SystemExit(f"method setting {setting!r} of {name!r} must read PATHLAB_NAME=value")
+        env[key] = val
+    return base, env
+
+
+@contextlib.contextmanager
+def method_env(env):
+    """The environment variables ``env`` set inside the block, restored after it."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, val in saved.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
 
 
 def rel_rms(a, b):
@@ -113,8 +146,14 @@ def check_correctness(name, H, D, device, T=256):
     """Relative RMS errors of o and every gradient against the fp64 reference (B=1, T=256, β ∈ [1.5, 2])."""
     from pathlab.reference import path_attention as reference
 
+    name, env = parse_method(name)
     if name not in PATH_METHODS + ("fla_path", "fla_path_fox"):
         return None
+    with method_env(env):
+        return _errors(name, H, D, device, T, reference)
+
+
+def _errors(name, H, D, device, T, reference):
     q, k, v, w, beta, g = make_inputs(1, T, H, D, device=device, seed=1, beta_range=(1.5, 2.0))
     gate = g if "fox" in name else None
     leaves = [q, k, v, w, beta] + ([gate] if gate is not None else [])
@@ -163,20 +202,22 @@ def bench_case(T, H, D, methods, device, tokens):
     B = max(1, tokens // T)
     rows = []
     for name in methods:
-        if name == "flex_alibi" and T > FLEX_MAX_T:
+        if name.startswith("flex_alibi") and T > FLEX_MAX_T:
             continue
         q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
         for t in (q, k, v, w, beta, g):
             t.requires_grad_()
         row = dict(method=name, T=T, B=B, H=H, D=D)
+        base, env = parse_method(name)
         try:
-            fn = build_method(name, q, k, v, w, beta, g)
+            fn = build_method(base, q, k, v, w, beta, g)
             if fn is None:
                 row["skipped"] = _fla()[1]
                 rows.append(row)
                 continue
-            leaves = _leaves(fn, name, q, k, v, w, beta, g)
-            fwd, fb, (peak, finite) = time_method(fn, leaves)
+            leaves = _leaves(fn, base, q, k, v, w, beta, g)
+            with method_env(env):
+                fwd, fb, (peak, finite) = time_method(fn, leaves)
             row.update(fwd_ms=fwd, fwd_bwd_ms=fb, peak_mib=peak, finite=finite)
         except torch.OutOfMemoryError as err:
             row["error"] = f"out of memory: {str(err).splitlines()[0]}"
@@ -204,17 +245,19 @@ def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
     q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
     for t in (q, k, v, w, beta, g):
         t.requires_grad_()
-    fn = build_method(method, q, k, v, w, beta, g)
+    base, env = parse_method(method)
+    fn = build_method(base, q, k, v, w, beta, g)
     if fn is None:
         return dict(method=method, T=T, B=B, H=H, D=D, skipped=_fla()[1])
-    leaves = _leaves(fn, method, q, k, v, w, beta, g)
-    do = torch.randn_like(fn())
+    leaves = _leaves(fn, base, q, k, v, w, beta, g)
 
     def fwd_bwd():
         torch.autograd.grad(fn(), leaves, do)
 
-    fwd_bwd()
-    prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
+    with method_env(env):
+        do = torch.randn_like(fn())
+        fwd_bwd()
+        prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
     scan = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(SCAN_KERNELS))
     ut = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(UT_KERNELS))
     return dict(method=method, T=T, B=B, H=H, D=D, ms_per_call=prof["ms_per_call"], scan_ms=scan, ut_ms=ut,
@@ -536,8 +579,7 @@ def main(argv=None):
     device = torch.device("cuda")
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
-        if m not in METHODS:
-            raise SystemExit(f"unknown method {m!r}; known: {METHODS}")
+        parse_method(m)  # unknown names stop here, before any timing
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
     result = dict(
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -572,7 +614,7 @@ def main(argv=None):
                 print(m, H, D, json.dumps(errs), flush=True)
     for case in [c for c in args.profile.split(",") if c]:
         T, H, D = (int(x) for x in case.split("x"))
-        for m in [x for x in PATH_METHODS if x in methods]:
+        for m in [x for x in methods if parse_method(x)[0] in PATH_METHODS]:
             try:
                 row = profile_case(T, H, D, m, device, args.tokens)
             except Exception as err:  # noqa: BLE001  (record the failure, keep going)

@@ -28,11 +28,30 @@ def test_time_by_kernel_counts_operators_per_call_on_cpu():
         time_by_kernel(fn, 0, "cpu")
 
 
-def test_profile_case_splits_scan_and_rest():
+def _bench_kernels():
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels.py"
     spec = importlib.util.spec_from_file_location("bench_kernels", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench, path
+
+
+def test_method_settings_apply_only_inside_the_method(monkeypatch):
+    bench, _ = _bench_kernels()
+    monkeypatch.setenv("PATHLAB_PATH_BWD_LOOPS", "fused")
+    monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
+    base, env = bench.parse_method("path@PATHLAB_PATH_BWD_LOOPS=split@PATHLAB_PATH_UT=torch")
+    assert base == "path" and env == {"PATHLAB_PATH_BWD_LOOPS": "split", "PATHLAB_PATH_UT": "torch"}
+    with bench.method_env(env):
+        assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "split" and os.environ["PATHLAB_PATH_UT"] == "torch"
+    assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "fused" and "PATHLAB_PATH_UT" not in os.environ
+    for bad in ("pathx", "path@LOOPS=split", "path@PATHLAB_PATH_UT"):
+        with pytest.raises(SystemExit):
+            bench.parse_method(bad)
+
+
+def test_profile_case_splits_scan_and_rest():
+    bench, path = _bench_kernels()
     # the Triton backend takes CUDA tensors only, so on a CPU the plumbing is checked with SDPA (no scan kernels)
     row = bench.profile_case(64, 2, 16, "sdpa", "cpu", tokens=128, calls=1, top=5)
     assert row["B"] == 2 and row["ms_per_call"] > 0 and len(row["kernels"]) == 5
