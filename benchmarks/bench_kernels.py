@@ -56,6 +56,18 @@ def parse_method(name):
     return base, env
 
 
+def split_methods(text):
+    """The comma list of methods; a piece starting with a digit continues the previous method's setting, so
+    that ``path@PATHLAB_PATH_BWD=4,2,2,sdpa`` reads as two methods."""
+    methods = []
+    for piece in text.split(","):
+        if piece[:1].isdigit() and methods:
+            methods[-1] += "," + piece
+        elif piece:
+            methods.append(piece)
+    return methods
+
+
 @contextlib.contextmanager
 def method_env(env):
     """The environment variables ``env`` set inside the block, restored after it."""
@@ -577,7 +589,7 @@ def main(argv=None):
         print("bench_kernels needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    methods = [m for m in args.methods.split(",") if m]
+    methods = split_methods(args.methods)
     for m in methods:
         parse_method(m)  # unknown names stop here, before any timing
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
@@ -604,7 +616,7 @@ def main(argv=None):
     else:
         chosen = {}
     for H, D in sorted({(c[1], c[2]) for c in cases}):
-        for m in [x for x in args.check.split(",") if x in methods]:
+        for m in [x for x in split_methods(args.check) if x in methods]:
             try:
                 errs = check_correctness(m, H, D, device)
             except Exception as err:  # noqa: BLE001

@@ -45,6 +45,7 @@ def test_method_settings_apply_only_inside_the_method(monkeypatch):
     with bench.method_env(env):
         assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "split" and os.environ["PATHLAB_PATH_UT"] == "torch"
     assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "fused" and "PATHLAB_PATH_UT" not in os.environ
+    assert bench.split_methods("path,path@PATHLAB_PATH_BWD=4,2,2,sdpa,") == ["path", "path@PATHLAB_PATH_BWD=4,2,2", "sdpa"]
     for bad in ("pathx", "path@LOOPS=split", "path@PATHLAB_PATH_UT"):
         with pytest.raises(SystemExit):
             bench.parse_method(bad)
