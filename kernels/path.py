@@ -35,23 +35,27 @@ def _num_sms(device) -> int:
 
 
 def _launch_config(kind: str, D: int, DV: int):
-    """(num_warps, num_stages, programs per SM) of the forward ("fwd") or backward ("bwd") kernel.
+    """(num_warps, num_stages, programs per SM, register cap) of the forward ("fwd") or backward ("bwd") kernel.
 
     Defaults were picked on an H200; ``PATHLAB_PATH_FWD="warps,stages"`` and
-    ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm"`` override them (used by the benchmark's ``--tune``).
+    ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm[,maxnreg]"`` override them (used by the benchmark's
+    ``--tune``). A register cap (Triton's ``maxnreg``; 0 = none) trades spills for more resident programs.
     """
-    import os
-
     big = max(D, DV) >= 128
     if kind == "fwd":
-        default = (8 if big else 4, 2 if big else 3, 0)
+        default = (8 if big else 4, 2 if big else 3, 0, 0)
     else:
-        default = (8 if big else 4, 1, 2)
+        default = (8 if big else 4, 1, 2, 0)
     env = os.environ.get("PATHLAB_PATH_FWD" if kind == "fwd" else "PATHLAB_PATH_BWD")
     if not env:
         return default
     parts = [int(x) for x in env.split(",")]
     return tuple(parts + list(default[len(parts):]))
+
+
+def _register_cap(maxnreg: int) -> dict:
+    """Launch keyword for a register cap (none when 0)."""
+    return {"maxnreg": maxnreg} if maxnreg else {}
 
 
 BACKWARD_LOOPS = ("fused", "split")
@@ -113,14 +117,14 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     o = unwritten((H, NC, BT, DV), dtype=v.dtype, device=v.device)
     lse = unwritten((H, NC, BT), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
-    num_warps, num_stages, _ = _launch_config("fwd", D, DV)
+    num_warps, num_stages, _, maxnreg = _launch_config("fwd", D, DV)
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
     _path_fwd_kernel[(NC, H)](
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index,
         NC, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
 
@@ -155,7 +159,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
-    num_warps, num_stages, per_sm = _launch_config("bwd", D, DV)
+    num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
     split = _backward_loops() == "split"
@@ -169,7 +173,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32", SPLIT=split,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
@@ -306,7 +310,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         g: ``[B, T, H]`` log forget gates (≤ 0) or None (upcast to fp32; G summed in fp64 across chunks).
         scale: logit scale, default 1/√D; the gate is not scaled.
         cu_seqlens: int32 ``[N + 1]`` boundaries of packed sequences (FlashAttention's convention; B == 1).
-        block_size: chunk length BT (default 64; small values such as 16 exercise the chunking in tests).
+        block_size: chunk length BT (default: ``PATHLAB_PATH_BLOCK``, else 64; small values such as 16
+            exercise the chunking in tests).
         programs: persistent programs of the backward (default: a few per SM); the scratch is
             programs × (longest sequence) × D.
         ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops, their intermediates saved),
@@ -324,9 +329,9 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"scale must be a positive number, got {scale!r}")
-    BT = int(block_size or 64)
+    BT = int(block_size or os.environ.get("PATHLAB_PATH_BLOCK") or 64)
     if BT not in (16, 32, 64, 128):
-        raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size!r}")
+        raise ValueError(f"block_size (or PATHLAB_PATH_BLOCK) must be one of 16, 32, 64, 128, got {BT}")
     if T == 0:
         return q.new_zeros(B, 0, H, v.shape[3])
     layout = build_layout(B, T, BT, q.device, cu_seqlens)
