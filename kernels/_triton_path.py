@@ -141,8 +141,8 @@ def _path_bwd_kernel(
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, SPLIT: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
-    ACQ_REL: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, SPLIT: tl.constexpr = False, LAMBDA_BF16: tl.constexpr = False,
+    NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
 ):
     # SPLIT: the key-side work and the λ scan in two loops (see _bwd_key_side); NO_ATOMICS (profiling only,
     # wrong gradients): plain stores instead of the key-side atomics; ACQ_REL (measurement only): Triton's
@@ -233,10 +233,16 @@ def _path_bwd_kernel(
                                              PREC, NO_ATOMICS, ACQ_REL)
                 dg_row += ds_rows
                 if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                    mf = tl.load(M + (hk * NC + kn) * D * D + tile_dd).to(tl.float32)
-                    _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
-                    lam = lam - tl.dot(lam, tl.trans(mf), input_precision=PREC32)  # λ Pᵀ = λ − λ Mᵀ
+                    mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+                    if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
+                        lam_l = lam.to(tl.bfloat16)
+                        _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
+                                    -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
+                        lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
+                    else:
+                        _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
+                                    -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                        lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
                 lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)

@@ -73,6 +73,19 @@ def _backward_loops() -> str:
     return name
 
 
+LAMBDA_PRECISIONS = ("tf32", "bf16")
+
+
+def _lambda_precision() -> str:
+    """Operand precision of the backward's two products with the fp32 adjoint λ (λ Mᵀ and q⁽ᵐ⁾ᵀ λ) for fp16/bf16
+    inputs (``PATHLAB_PATH_BWD_LAMBDA``): ``"tf32"`` (fp32 operands, 10-bit mantissa) or ``"bf16"`` (λ, M and
+    q⁽ᵐ⁾ rounded to bf16: twice the tensor-core rate, 8-bit mantissa). fp32 inputs always use exact fp32."""
+    name = os.environ.get("PATHLAB_PATH_BWD_LAMBDA") or "tf32"
+    if name not in LAMBDA_PRECISIONS:
+        raise ValueError(f"PATHLAB_PATH_BWD_LAMBDA must be one of {LAMBDA_PRECISIONS}, got {name!r}")
+    return name
+
+
 def _lowp(dtype):
     """Dtype of the carried states, k̃ and the transitions M inside the scan: fp16 for half inputs (bf16's 8-bit mantissa
     is too coarse for the low-rank factors; the public kernel's NaN fixes made the same choice), fp32 else."""
@@ -173,6 +186,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32", SPLIT=split,
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
