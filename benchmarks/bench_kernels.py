@@ -36,8 +36,9 @@ from pathlab.atomic import atomic_write_text
 DEFAULT_CASES = "1024x12x64,4096x12x64,16384x12x64,65536x12x64,1024x16x128,4096x16x128,16384x16x128,65536x16x128"
 FLEX_MAX_T = 16384  # FlexAttention is compiled per shape; the anchors stop at 16K
 # "path" and "path_fox" take the kernel's default UT route ("auto": fused on CUDA at D ≤ 64, else PyTorch);
-# the *_ut_triton and *_ut_torch methods force one
-PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "path_ut_torch", "path_fox_ut_torch")
+# the *_ut_triton, *_ut_triton_saved and *_ut_torch methods force one
+PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "path_ut_torch", "path_fox_ut_torch",
+                "path_ut_triton_saved", "path_fox_ut_triton_saved")
 METHODS = PATH_METHODS + ("sdpa", "flex_alibi", "fla_path", "fla_path_fox", "fla_fox")
 
 
@@ -115,11 +116,11 @@ def build_method(name, q, k, v, w, beta, g):
     if name in ("path", "path_fox"):
         gate = g if name == "path_fox" else None
         return lambda: pathlab.path_attention(q, k, v, w, beta, gate, backend="triton")
-    if name.endswith(("_ut_triton", "_ut_torch")):  # the same kernel with the UT transform fused or in PyTorch
+    if "_ut_" in name:  # the same kernel with the UT transform fused (recomputed or saved) or in PyTorch
         from pathlab.kernels import path_attention_triton
 
         gate = g if name.startswith("path_fox") else None
-        ut = name.rsplit("_", 1)[1]
+        ut = name.split("_ut_", 1)[1]
         return lambda: path_attention_triton(q, k, v, w, beta, gate, ut=ut)  # w, β, g are fp32 already
     if name == "sdpa":
         qt, kt, vt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v))
@@ -279,7 +280,7 @@ def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
 def _leaves(fn, name, q, k, v, w, beta, g):
     if name in ("sdpa", "flex_alibi"):
         return _closure_tensors(fn)  # the closure owns [B, H, T, D] copies of q, k, v
-    if name in ("path", "path_ut_triton", "path_ut_torch", "fla_path"):
+    if name in ("path", "path_ut_triton", "path_ut_torch", "path_ut_triton_saved", "fla_path"):
         return [q, k, v, w, beta]
     if name == "fla_fox":
         return [q, k, v, g]

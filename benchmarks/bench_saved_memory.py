@@ -4,7 +4,8 @@ The count (``pathlab.profiling.saved_for_backward``: every tensor an op saves, o
 depends on shapes and dtypes only, so it is the same on a GPU and on a CPU, where the Triton kernels run under
 the interpreter. It is the part of a forward+backward's peak memory that the forward decides; the backward adds
 its gradient buffers and scratch on top. Methods: the Triton PaTH kernel with the UT transform as PyTorch ops
-(``path``) or fused (``path_ut_triton``), the same with a forget gate, and SDPA.
+(``path``) or fused and recomputed in the backward (``path_ut_triton``) or fused and kept (``path_ut_triton_saved``),
+the same with a forget gate, and SDPA.
 
     python benchmarks/bench_saved_memory.py --out benchmarks/results/saved-memory-cpu.json
 
@@ -29,7 +30,7 @@ if not torch.cuda.is_available():
 from pathlab.atomic import atomic_write_text  # noqa: E402
 from pathlab.profiling import saved_for_backward  # noqa: E402
 
-METHODS = ("path", "path_ut_triton", "path_fox", "path_fox_ut_triton", "sdpa")
+METHODS = ("path", "path_ut_triton", "path_ut_triton_saved", "path_fox", "path_fox_ut_triton", "sdpa")
 
 
 def inputs(B, T, H, D, device, dtype=torch.float16):
@@ -52,7 +53,7 @@ def measure(method, B, T, H, D, device):
         leaves = (qt, kt, vt)
     else:
         gate = g if "fox" in method else None
-        ut = "triton" if method.endswith("ut_triton") else "torch"
+        ut = method.split("_ut_", 1)[1] if "_ut_" in method else "torch"
         fn = lambda: path_attention_triton(q, k, v, w, beta, gate, ut=ut)  # noqa: E731
         leaves = (q, k, v, w, beta, g)
     saved, out = saved_for_backward(fn, exclude=leaves)

@@ -97,3 +97,91 @@ def _backward(ctx, do, dlse):
 
 
 path_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same op keeping the UT factors for the backward instead of recomputing them (``ut="triton_saved"``):
+# one UT forward and one inversion per forward+backward instead of two each, for the memory of q̃ and S_d (fp32),
+# k̃ and M (in the scan's dtype) and A (fp32) per layer: about 4× one fp32 q at D = 64.
+
+_SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace("-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_SAVED_BWD_SCHEMA = (
+    "(Tensor do, Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor o, "
+    "Tensor lse, Tensor qs, Tensor ks, Tensor m, Tensor sd, Tensor a, Tensor tokens, Tensor chunk_first, "
+    "Tensor chunk_index, Tensor order, SymInt max_chunks, int block, float scale, int programs) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+                    programs):
+    """(o, lse) and the factors the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A."""
+    from .path import _lowp, _scan_fwd_impl
+
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block)
+    ks, m = ks.to(_lowp(v.dtype)), m.to(_lowp(v.dtype))
+    vc = gather_chunks(v, tokens, block)
+    o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
+    return o, lse, qs, ks, m, sd, a
+
+
+def _saved_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+                    programs):
+    from .path import _lowp
+
+    H, D, Hkv, NC = q.shape[2], q.shape[3], k.shape[2], tokens.numel() // block
+    f32, low = dict(dtype=torch.float32, device=q.device), dict(dtype=_lowp(v.dtype), device=q.device)
+    return (*_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+                       programs),
+            torch.empty((H, NC, block, D), **f32), torch.empty((Hkv, NC, block, D), **low),
+            torch.empty((Hkv, NC, D, D), **low), torch.empty((H, NC, block, block), **f32),
+            torch.empty((Hkv, NC, block, block), **f32))
+
+
+def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
+                    max_chunks, block, scale, programs):
+    from .path import _scan_bwd_impl
+
+    vc = gather_chunks(v, tokens, block)
+    dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
+                                                order, max_chunks, scale, programs)
+    del vc
+    dq, dk, dw, dbeta = ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a)
+    return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
+
+
+def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
+                    max_chunks, block, scale, programs):
+    return _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
+                     scale, programs)
+
+
+path_saved_fwd = torch.library.custom_op("pathlab::path_saved_fwd", _saved_fwd_impl, mutates_args=(),
+                                         schema=_SAVED_FWD_SCHEMA)
+path_saved_fwd.register_fake(_saved_fwd_fake)
+path_saved_bwd = torch.library.custom_op("pathlab::path_saved_bwd", _saved_bwd_impl, mutates_args=(),
+                                         schema=_SAVED_BWD_SCHEMA)
+path_saved_bwd.register_fake(_saved_bwd_fake)
+
+
+def _saved_setup_context(ctx, inputs, output):
+    q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale, programs = inputs
+    ctx.save_for_backward(q, k, w, beta, v, gl, go, *output, tokens, chunk_first, chunk_index, order)
+    ctx.max_chunks, ctx.block, ctx.scale, ctx.programs = max_chunks, block, scale, programs
+
+
+def _saved_backward(ctx, do, dlse, *factor_grads):
+    """As ``_backward``; the factors are internal outputs, so their gradients are ignored."""
+    q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dw, dbeta, dv, dg = path_saved_bwd(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens,
+                                               chunk_first, chunk_index, order, ctx.max_chunks, ctx.block, ctx.scale,
+                                               ctx.programs)
+    dgl = dgo = None
+    if gl is not None:
+        dgl, dgo = dg, dg.sum(-1).to(torch.float64)
+    return dq, dk, dw, dbeta, dv, dgl, dgo, None, None, None, None, None, None, None, None
+
+
+path_saved_fwd.register_autograd(_saved_backward, setup_context=_saved_setup_context)

@@ -285,7 +285,7 @@ def _static_dim(D) -> int:
     raise ValueError(f"head dim D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
 
 
-UT_BACKENDS = ("auto", "torch", "triton")
+UT_BACKENDS = ("auto", "torch", "triton", "triton_saved")
 FUSED_UT_MAX_HEAD_DIM = 64  # the fused UT backward needs more shared memory than an H200 has at D = 128
 
 
@@ -330,9 +330,10 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             programs × (longest sequence) × D.
         ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops, their intermediates saved),
             ``"triton"`` (fused kernels reading the inputs in place, in one op with the scan that recomputes
-            the UT factors in its backward, ``_recompute``; same results within fp32 rounding) or ``"auto"``
-            (``"triton"`` on CUDA at D ≤ 64, else ``"torch"``); default: the environment variable
-            ``PATHLAB_PATH_UT``, else ``"auto"``.
+            the UT factors in its backward, ``_recompute``; same results within fp32 rounding),
+            ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
+            about 4× one fp32 q more memory) or ``"auto"`` (``"triton"`` on CUDA at D ≤ 64, else ``"torch"``);
+            default: the environment variable ``PATHLAB_PATH_UT``, else ``"auto"``.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
@@ -359,6 +360,10 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         from ._recompute import path_fwd
 
         o, _ = path_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)
+    elif ut == "triton_saved":  # the same, keeping the factors for the backward instead of recomputing them
+        from ._recompute import path_saved_fwd
+
+        o = path_saved_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)[0]
     else:
         qs, ks, m, sd = _ut_factors_torch(q, k, w, beta, layout)
         o, _ = _scan_fwd(qs, ks, to_chunks(v, layout), m, sd, gl, go, *meta, scale, programs or 0)

@@ -58,7 +58,7 @@ NAMES = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
-@pytest.mark.parametrize("ut", ["torch", "triton"])
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
 def test_compiled_kernel_matches_eager_inductor_fullgraph(gate, ut):
     """fp32, T = 37 with BT = 16 (a partial last chunk), grouped heads 4:2, Dv ≠ D: Inductor, one graph; the UT
     transform in PyTorch (traced and fused by Inductor) or fused in Triton (one more opaque op)."""
@@ -72,7 +72,7 @@ def test_compiled_kernel_matches_eager_inductor_fullgraph(gate, ut):
     assert_same(got, want, NAMES)
 
 
-@pytest.mark.parametrize("ut", ["torch", "triton"])
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
 def test_compiled_kernel_dynamic_lengths(ut):
     """``dynamic=True``: one graph with a symbolic length serves T = 21 and 50 (layout built from the shapes)."""
 
@@ -150,6 +150,22 @@ def test_recompute_custom_ops_opcheck():
     rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
             16, 0.25, 2]
     assert_opcheck(torch.ops.pathlab.path_recompute_fwd.default, torch.ops.pathlab.path_recompute_bwd.default,
+                   inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
+
+
+def test_saved_factors_custom_ops_opcheck():
+    """The op that joins the fused UT transform and the scan and keeps the factors for its backward."""
+    from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
+
+    importlib.import_module("pathlab.kernels._recompute")  # registers the ops
+    B, T, H, Hkv, D = 1, 20, 2, 1, 16
+    q, k, v, w, beta, g = make(B, T, H, Hkv, D, D, gate=True, seed=5)
+    layout = build_layout(B, T, 16, q.device)
+    gl, go = chunk_gate(to_chunks(g, layout), layout)
+    inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
+    rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
+            16, 0.25, 2]
+    assert_opcheck(torch.ops.pathlab.path_saved_fwd.default, torch.ops.pathlab.path_saved_bwd.default,
                    inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
 
 

@@ -60,7 +60,7 @@ def bf16_case(T, H, Hkv, D, gate):
 @pytest.mark.parametrize("T,oracle", [(300, "reference"), (4096, "torch"), (16384, "torch")],
                          ids=["T300-ref", "T4096-blockwise64", "T16384-blockwise64"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
 def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
     import pathlab
     from pathlab.reference import path_attention as reference
@@ -167,7 +167,7 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut, monkeypatch):
 
 
 @pytest.mark.parametrize("attention", ["path", "path_fox"])
-@pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
 def test_compiled_model_bf16_matches_eager(attention, ut, monkeypatch):
     """A small PaTH model under bf16 autocast, compiled whole with ``fullgraph=True`` as ``pathlab train`` does by
     default on CUDA (``backend="auto"`` is the Triton kernel here): loss and parameter gradients match eager."""

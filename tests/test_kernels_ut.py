@@ -316,3 +316,31 @@ def test_fused_route_inverts_twice_per_forward_and_backward(monkeypatch):
     assert len(calls) == 1
     o.square().sum().backward()
     assert len(calls) == 2 and all(x.grad is not None and torch.isfinite(x.grad).all() for x in (q, k, v, w, beta))
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_saved_factors_route_equals_the_recomputing_route(gate, monkeypatch):
+    """``ut="triton_saved"`` keeps the UT factors and A for the backward: the same output and gradients as
+    ``ut="triton"`` (which recomputes them), with one inversion per forward+backward instead of two."""
+    from pathlab.kernels import _triton_ut
+
+    q, k, w, beta = token_inputs(1, 45, 4, 2, 16, (0.0, 2.0), seed=6)
+    gen = torch.Generator().manual_seed(7)
+    v = torch.randn(1, 45, 2, 32, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 45, 4, generator=gen)) if gate else None
+    do = torch.randn(1, 45, 4, 32, generator=gen)
+    results = {}
+    for ut in ("triton", "triton_saved"):
+        calls = []
+        inverse = _triton_ut._inverse
+        monkeypatch.setattr(_triton_ut, "_inverse", lambda *a, _inv=inverse, **kw: calls.append(1) or _inv(*a, **kw))
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, w, beta) + ((g,) if gate else ())]
+        o = path_attention_triton(*leaves[:5], leaves[5] if gate else None, block_size=16, ut=ut)
+        grads = torch.autograd.grad(o, leaves, do)
+        results[ut] = (o, grads, len(calls))
+        monkeypatch.setattr(_triton_ut, "_inverse", inverse)
+    (o1, g1, n1), (o2, g2, n2) = results["triton"], results["triton_saved"]
+    assert (n1, n2) == (2, 1)
+    assert rel_rms(o2, o1) < 1e-6
+    for a, b in zip(g2, g1):
+        assert rel_rms(a, b) < 1e-6
