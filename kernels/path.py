@@ -73,16 +73,21 @@ def _backward_loops() -> str:
     return name
 
 
-LAMBDA_PRECISIONS = ("tf32", "bf16")
+LAMBDA_PRECISIONS = ("auto", "tf32", "bf16")
 
 
 def _lambda_precision() -> str:
     """Operand precision of the backward's two products with the fp32 adjoint λ (λ Mᵀ and q⁽ᵐ⁾ᵀ λ) for fp16/bf16
     inputs (``PATHLAB_PATH_BWD_LAMBDA``): ``"tf32"`` (fp32 operands, 10-bit mantissa) or ``"bf16"`` (λ, M and
-    q⁽ᵐ⁾ rounded to bf16: twice the tensor-core rate, 8-bit mantissa). fp32 inputs always use exact fp32."""
-    name = os.environ.get("PATHLAB_PATH_BWD_LAMBDA") or "tf32"
+    q⁽ᵐ⁾ rounded to bf16: twice the tensor-core rate, 8-bit mantissa, fp32's range). ``"auto"`` (default) is
+    bf16 on a GPU (on an H200 PaTH-FoX's fwd+bwd took 9–12% less time, PaTH's the same; the bf16 errors
+    against fp64 did not change) and tf32 under the interpreter, whose bf16 products are not exact. fp32 inputs
+    always use exact fp32."""
+    name = os.environ.get("PATHLAB_PATH_BWD_LAMBDA") or "auto"
     if name not in LAMBDA_PRECISIONS:
         raise ValueError(f"PATHLAB_PATH_BWD_LAMBDA must be one of {LAMBDA_PRECISIONS}, got {name!r}")
+    if name == "auto":
+        return "tf32" if interpreting() else "bf16"
     return name
 
 
@@ -290,17 +295,18 @@ FUSED_UT_MAX_HEAD_DIM = 64  # the fused UT backward needs more shared memory tha
 
 
 def _ut_name(name, q):
-    """``"torch"`` or ``"triton"`` for input q. ``None`` reads ``PATHLAB_PATH_UT`` (so that benchmarks of whole
-    models can switch it), default ``"auto"``: the fused kernels for CUDA tensors with D ≤ 64 (on an H200,
-    fwd+bwd at T = 4096, 12×64 took 14.3 ms against 18.9 with the PyTorch transform, and the ``owt16`` model
-    trained at the same speed with 27% less memory), the PyTorch transform elsewhere (D = 128, whose fused
-    backward does not fit, and the CPU, where both routes are tested explicitly)."""
+    """``"torch"``, ``"triton"`` or ``"triton_saved"`` for input q. ``None`` reads ``PATHLAB_PATH_UT`` (so that
+    benchmarks of whole models can switch it), default ``"auto"``: for CUDA tensors with D ≤ 64 the fused kernels
+    keeping their factors for the backward (on an H200, fwd+bwd at T = 4096, 12×64 took 11.9 ms against 12.7 when
+    recomputing them and 18.9 with the PyTorch transform; the ``owt16`` model trained 10% faster than when
+    recomputing, with 6 GB more memory: ``"triton"`` is the low-memory choice), the PyTorch transform elsewhere
+    (D = 128, whose fused backward does not fit, and the CPU, where every route is tested explicitly)."""
     if name is None:
         name = os.environ.get("PATHLAB_PATH_UT") or "auto"
     if name not in UT_BACKENDS:
         raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
     if name == "auto":
-        return "triton" if q.device.type == "cuda" and q.shape[-1] <= FUSED_UT_MAX_HEAD_DIM else "torch"
+        return "triton_saved" if q.device.type == "cuda" and q.shape[-1] <= FUSED_UT_MAX_HEAD_DIM else "torch"
     return name
 
 
@@ -332,8 +338,9 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             ``"triton"`` (fused kernels reading the inputs in place, in one op with the scan that recomputes
             the UT factors in its backward, ``_recompute``; same results within fp32 rounding),
             ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
-            about 4× one fp32 q more memory) or ``"auto"`` (``"triton"`` on CUDA at D ≤ 64, else ``"torch"``);
-            default: the environment variable ``PATHLAB_PATH_UT``, else ``"auto"``.
+            9.0× one 16-bit q kept for the backward instead of 1.04× at 12×64) or ``"auto"``
+            (``"triton_saved"`` on CUDA at D ≤ 64, else ``"torch"``); default: the environment variable
+            ``PATHLAB_PATH_UT``, else ``"auto"``.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.

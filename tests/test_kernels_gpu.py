@@ -62,10 +62,20 @@ def bf16_case(T, H, Hkv, D, gate):
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
 def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)  # the per-chunk UT transform: PyTorch ops or the fused kernels
+    _check_bf16_against_oracle(T, oracle, gate, f"ut={ut}")
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
+    """The backward's λ products on tf32 operands (the default is bf16 on a GPU)."""
+    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "tf32")
+    _check_bf16_against_oracle(4096, "torch", gate, "lambda=tf32")
+
+
+def _check_bf16_against_oracle(T, oracle, gate, label):
     import pathlab
     from pathlab.reference import path_attention as reference
-
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)  # the per-chunk UT transform: PyTorch ops or the fused kernels
 
     H, Hkv, D = (4, 2, 64) if T <= 4096 else (2, 1, 64)
     leaves, do, fast = bf16_case(T, H, Hkv, D, gate)
@@ -80,12 +90,13 @@ def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
     want = grads_of(slow, leaves, do.double())
     names = ["o", "dq", "dk", "dv", "dw", "dbeta"] + (["dg"] if gate else [])
     errs = {n: rel_rms(a, b) for n, a, b in zip(names, got, want)}
-    print(f"T={T} gate={gate} ut={ut} errors: {errs}")
+    print(f"T={T} gate={gate} {label} errors: {errs}")
     for n, e in errs.items():
         assert e <= TOL[n], f"{n}: relative RMS error {e:.3g} > {TOL[n]} (all: {errs})"
 
 
-@pytest.mark.parametrize("ut, D", [("torch", 128), ("triton", 64)], ids=["ut-torch-D128", "ut-triton-D64"])
+@pytest.mark.parametrize("ut, D", [("torch", 128), ("triton", 64), ("triton_saved", 64)],
+                         ids=["ut-torch-D128", "ut-triton-D64", "ut-triton-saved-D64"])
 def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
     """65,536 tokens, β near 2: finite output and gradients. The fused UT kernels run at D = 64: at D = 128 they
     do not fit an H200's shared memory (the next test)."""

@@ -164,6 +164,7 @@ def test_unknown_ut_name_is_a_clear_error():
 
 
 def test_auto_picks_the_fused_transform_on_cuda_up_to_head_dim_64():
+    """The fused kernels keeping their factors for the backward (the faster of the two fused routes)."""
     from types import SimpleNamespace
 
     from pathlab.kernels.path import _ut_name
@@ -171,7 +172,7 @@ def test_auto_picks_the_fused_transform_on_cuda_up_to_head_dim_64():
     def on(device, D):
         return SimpleNamespace(device=torch.device(device), shape=(1, 8, 2, D))
 
-    assert [_ut_name("auto", on("cuda", D)) for D in (16, 32, 64, 128)] == ["triton"] * 3 + ["torch"]
+    assert [_ut_name("auto", on("cuda", D)) for D in (16, 32, 64, 128)] == ["triton_saved"] * 3 + ["torch"]
     assert [_ut_name("auto", on("cpu", D)) for D in (16, 64)] == ["torch", "torch"]
     assert _ut_name("torch", on("cuda", 64)) == "torch" and _ut_name("triton", on("cpu", 128)) == "triton"
 
@@ -344,3 +345,17 @@ def test_saved_factors_route_equals_the_recomputing_route(gate, monkeypatch):
     assert rel_rms(o2, o1) < 1e-6
     for a, b in zip(g2, g1):
         assert rel_rms(a, b) < 1e-6
+
+
+def test_lambda_precision_choice(monkeypatch):
+    """λ's products: bf16 operands on a GPU by default, tf32 under the interpreter (its bf16 products are not
+    exact); an unknown name is a clear error."""
+    from pathlab.kernels.path import _lambda_precision
+
+    monkeypatch.delenv("PATHLAB_PATH_BWD_LAMBDA", raising=False)
+    assert _lambda_precision() == "tf32"  # these tests run under the interpreter
+    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "bf16")
+    assert _lambda_precision() == "bf16"
+    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "fp8")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_LAMBDA"):
+        _lambda_precision()
