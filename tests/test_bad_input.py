@@ -53,6 +53,9 @@ def test_beta_and_gate_values_are_checked_by_the_reference_and_in_debug_mode(mon
     monkeypatch.setenv("PATHLAB_DEBUG", "1")
     with pytest.raises(ValueError, match="beta must lie"):
         pathlab.path_attention(q, k, v, w, beta + 2.5, g, backend="torch")
+    # under torch.compile the synchronising check stays out of the graph (fullgraph must not break on it)
+    compiled = torch.compile(lambda *xs: pathlab.path_attention(*xs, backend="torch"), backend="eager", fullgraph=True)
+    assert torch.isfinite(compiled(q, k, v, w, beta, g)).all()
 
 
 def test_backend_and_scale_are_checked():

@@ -78,7 +78,7 @@ def path_attention(q, k, v, w, beta, g=None, *, scale=None, backend: str = "auto
         from pathlab.reference.path import path_attention as reference
 
         return reference(q, k, v, w, beta, g, scale=scale)
-    if debug_enabled():
+    if debug_enabled() and not torch.compiler.is_compiling():  # a synchronising check cannot enter a graph
         check_path_values(beta, g)
     beta = beta.to(torch.promote_types(beta.dtype, torch.float32))
     g = None if g is None else g.to(torch.promote_types(g.dtype, torch.float32))
