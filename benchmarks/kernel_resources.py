@@ -25,7 +25,7 @@ from triton.compiler import ASTSource
 # Pointer arguments by name (the kernels spell pointers in capitals; any other is fp32), and the capitalised
 # integer arguments.
 POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "KS_SCAN": "*fp16",
-            "M_SCAN": "*fp16", "SCRATCH": "*fp16", "DS_SCRATCH": "*bf16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
+            "M_SCAN": "*fp16", "SCRATCH": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
 
@@ -82,11 +82,12 @@ def cases(dims):
 
     for D in dims:
         for gate in (False, True):
-            for split in (False, True):
+            for lam_bf16 in (True, False):  # λ's products on bf16 operands (the GPU default) or tf32
                 for warps in (4, 8):
-                    yield (f"scan_bwd{'_split' if split else ''} D{D} gate={gate}", _triton_path._path_bwd_kernel,
-                           dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32", SPLIT=split,
-                                NO_ATOMICS=False, ACQ_REL=False), warps, True)
+                    yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'}",
+                           _triton_path._path_bwd_kernel,
+                           dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
+                                LAMBDA_BF16=lam_bf16, NO_ATOMICS=False, ACQ_REL=False), warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4 if D < 128 else 8, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False

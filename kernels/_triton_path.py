@@ -137,16 +137,16 @@ def _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, D
 @triton.jit
 def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, LSE, DELTA,
-    DQS, DKS, DVV, DM, DSD, DG, SCRATCH, DS_SCRATCH,
+    DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, SPLIT: tl.constexpr = False, LAMBDA_BF16: tl.constexpr = False,
-    NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
+    ACQ_REL: tl.constexpr = False,
 ):
-    # SPLIT: the key-side work and the λ scan in two loops (see _bwd_key_side); NO_ATOMICS (profiling only,
-    # wrong gradients): plain stores instead of the key-side atomics; ACQ_REL (measurement only): Triton's
-    # default acq_rel atomics instead of relaxed ones
+    # LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision); NO_ATOMICS
+    # (profiling only, wrong gradients): plain stores instead of the key-side atomics; ACQ_REL (measurement
+    # only): Triton's default acq_rel atomics instead of relaxed ones
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -157,9 +157,7 @@ def _path_bwd_kernel(
     tile_d = rows[:, None] * D + dcol[None, :]
     tile_v = rows[:, None] * DV + vcol[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
-    tile_ss = rows[:, None] * BT + rows[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
-    ds_scratch = DS_SCRATCH + pid.to(tl.int64) * max_chunks * BT * BT
 
     for item in range(pid, n_items, nprog):
         n = tl.load(ORDER + item // NH).to(tl.int64)
@@ -180,70 +178,38 @@ def _path_bwd_kernel(
         lam = tl.zeros([BT, D], dtype=tl.float32)
         q = tl.load(QS + (h * NC + n) * BT * D + tile_d)
 
-        if SPLIT:
-            # 1. right to left: replay the forward carry, keep q⁽ᵐ⁾ (m > 0) in scratch, and do each pair's
-            #    key-side work at once; dS_m goes to the second scratch row for the λ scan
-            for mm in range(0, c):
-                m = c - 1 - mm
-                kn = first + m
-                ql = q.to(lowp)
-                kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
-                dsg, ds_rows = _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG,
-                                             NC, scale, scale_log2, rows, tile_d, tile_v, HAS_GATE, BT, D, DV,
-                                             PREC, NO_ATOMICS, ACQ_REL)
-                tl.store(ds_scratch + m * BT * BT + tile_ss, dsg)
-                dg_row += ds_rows
-                if m > 0:
-                    tl.store(scratch + m * BT * D + tile_d, ql)
-                    trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-                    q = q - tl.dot(ql, trans_m, input_precision=PREC)
-            tl.debug_barrier()  # scratch writes visible to the whole program
+        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
+        for mm in range(0, c):
+            m = c - 1 - mm
+            kn = first + m
+            ql = q.to(lowp)
+            tl.store(scratch + m * BT * D + tile_d, ql)
+            if m > 0:
+                trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+                q = q - tl.dot(ql, trans_m, input_precision=PREC)
+        tl.debug_barrier()  # scratch writes visible to the whole program
 
-            # 2. left to right: λ and dM only
-            for m in range(0, c):
-                kn = first + m
-                if m > 0:  # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                    qm = tl.load(scratch + m * BT * D + tile_d).to(tl.float32)
-                    mf = tl.load(M + (hk * NC + kn) * D * D + tile_dd).to(tl.float32)
+        # 2. left to right: λ, and the key-side gradients
+        for m in range(0, c):
+            kn = first + m
+            ql = tl.load(scratch + m * BT * D + tile_d)
+            kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
+            dsg, ds_rows = _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG,
+                                         NC, scale, scale_log2, rows, tile_d, tile_v, HAS_GATE, BT, D, DV,
+                                         PREC, NO_ATOMICS, ACQ_REL)
+            dg_row += ds_rows
+            if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
+                mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+                if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
+                    lam_l = lam.to(tl.bfloat16)
                     _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                -tl.dot(tl.trans(qm), lam, input_precision=PREC32))
-                    lam = lam - tl.dot(lam, tl.trans(mf), input_precision=PREC32)  # λ Pᵀ = λ − λ Mᵀ
-                dsg = tl.load(ds_scratch + m * BT * BT + tile_ss)
-                kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
-                lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
-        else:
-            # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
-            for mm in range(0, c):
-                m = c - 1 - mm
-                kn = first + m
-                ql = q.to(lowp)
-                tl.store(scratch + m * BT * D + tile_d, ql)
-                if m > 0:
-                    trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-                    q = q - tl.dot(ql, trans_m, input_precision=PREC)
-            tl.debug_barrier()  # scratch writes visible to the whole program
-
-            # 2. left to right: λ, and the key-side gradients
-            for m in range(0, c):
-                kn = first + m
-                ql = tl.load(scratch + m * BT * D + tile_d)
-                kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
-                dsg, ds_rows = _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG,
-                                             NC, scale, scale_log2, rows, tile_d, tile_v, HAS_GATE, BT, D, DV,
-                                             PREC, NO_ATOMICS, ACQ_REL)
-                dg_row += ds_rows
-                if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                    mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-                    if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
-                        lam_l = lam.to(tl.bfloat16)
-                        _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                    -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
-                        lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
-                    else:
-                        _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                    -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
-                        lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
-                lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+                                -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
+                    lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
+                else:
+                    _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
+                                -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                    lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
+            lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)
         s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2

@@ -58,21 +58,6 @@ def _register_cap(maxnreg: int) -> dict:
     return {"maxnreg": maxnreg} if maxnreg else {}
 
 
-BACKWARD_LOOPS = ("fused", "split")
-
-
-def _backward_loops() -> str:
-    """How the scan backward walks the chunk pairs of a query chunk (``PATHLAB_PATH_BWD_LOOPS``):
-    ``"fused"`` replays the carry right to left, then does all the work of each pair left to right with λ;
-    ``"split"`` does each pair's key-side work (S, P, dP, dS, dV, dk̃, dG) during the replay and then runs
-    only the λ scan (λ, dM) left to right, reading dS back from a second scratch row (programs × T × BT in
-    dO's dtype): the same products, fewer live tiles per loop."""
-    name = os.environ.get("PATHLAB_PATH_BWD_LOOPS") or "fused"
-    if name not in BACKWARD_LOOPS:
-        raise ValueError(f"PATHLAB_PATH_BWD_LOOPS must be one of {BACKWARD_LOOPS}, got {name!r}")
-    return name
-
-
 LAMBDA_PRECISIONS = ("auto", "tf32", "bf16")
 
 
@@ -180,18 +165,15 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
-    split = _backward_loops() == "split"
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
-    ds_scratch = torch.empty((programs, max_chunks, BT, BT), dtype=do.dtype, device=dev) if split else scratch
     _path_bwd_kernel[(programs,)](
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
         do, lse, delta,
-        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch, ds_scratch,
+        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-        PREC32="ieee" if lowp == torch.float32 else "tf32", SPLIT=split,
-        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
+        PREC32="ieee" if lowp == torch.float32 else "tf32", LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",

@@ -95,23 +95,6 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
 
 
-@pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block",
-                         [CASES[i] for i in (0, 2, 3, 7, 8)])
-def test_split_backward_loops_match_reference(B, T, H, Hkv, D, DV, dtype, gate, beta_range, block, monkeypatch):
-    """The scan backward with the key-side work and the λ scan in separate loops (``PATHLAB_PATH_BWD_LOOPS``)."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LOOPS", "split")
-    inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
-    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
-
-
-def test_unknown_backward_loops_name_raises(monkeypatch):
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LOOPS", "fast")
-    q, k, v, w, beta, g = (t.requires_grad_() if t is not None else t for t in make(1, 20, 1, 1, 16, 16, torch.float32))
-    o = path_attention_triton(q, k, v, w, beta, g, block_size=16)
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_LOOPS"):
-        o.sum().backward()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_varlen_packed_sequences(dtype):
     lengths = [1, 15, 60, 16]  # a single token, one short of a chunk, a long one, exactly one chunk
