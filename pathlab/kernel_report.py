@@ -59,7 +59,9 @@ def load_benchmarks(folder) -> tuple[list[dict], list[str]]:
 def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
     """Rows (method, T, H, D, times, ratio to SDPA, anchors), correctness errors and the claims.
 
-    When several result files measure the same case, the most recent run (its ``started`` time) wins.
+    When several result files measure the same case, the most recent run (its ``started`` time) wins. Methods
+    run with kernel settings (``bench_kernels.py``'s ``path@PATHLAB_X=v``) are side-by-side experiments, not
+    the kernel as shipped: they are left out of the rows and the claims.
     """
     rows, correctness = [], {}
     results = sorted(results, key=lambda r: (str(r.get("started", "")), r["file"]), reverse=True)
@@ -69,7 +71,7 @@ def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
         sdpa = {(c["T"], c["H"], c["D"]): c["fwd_bwd_ms"] for c in cases if c["method"] == "sdpa"}
         for c in cases:
             key = (c["method"], c["T"], c["H"], c["D"])
-            if key in seen:
+            if key in seen or "@" in c["method"]:
                 continue
             seen.add(key)
             anchor = ANCHORS.get(key) or (ANCHORS.get(("fla_" + c["method"], c["T"], c["H"], c["D"]))
@@ -80,7 +82,7 @@ def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
                          "peak_mib": c.get("peak_mib"), "ratio_to_sdpa": c["fwd_bwd_ms"] / base if base else None,
                          "anchor_public_fwd_bwd_ms": anchor[1] if anchor else None})
         for name, errs in res.get("correctness", {}).items():
-            if name not in seen_checks:
+            if name not in seen_checks and "@" not in name:
                 seen_checks.add(name)
                 correctness[f"{res['file']}:{name}"] = errs
     rows.sort(key=lambda r: (r["H"], r["D"], r["T"], r["method"]))
@@ -107,15 +109,17 @@ def plot_kernels(data):
     shapes = sorted({(r["H"], r["D"]) for r in data["rows"]}) or sorted({(a["H"], a["D"]) for a in data["anchors"]})
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.2), squeeze=False)
     methods = sorted({r["method"] for r in data["rows"]} | {a["method"] for a in data["anchors"]})
+    colours = plt.get_cmap("tab20")  # more methods than the default ten-colour cycle
     for ax, (H, D) in zip(axes[0], shapes):
         for i, m in enumerate(methods):
+            colour = colours(i % 20)
             mine = sorted((r["T"], r["fwd_bwd_ms"]) for r in data["rows"] if r["method"] == m and (r["H"], r["D"]) == (H, D))
             if mine:
-                ax.plot(*zip(*mine), "o-", ms=4, color=f"C{i}", label=f"{m} (measured)")
+                ax.plot(*zip(*mine), "o-", ms=4, color=colour, label=f"{m} (measured)")
             anchors = sorted((a["T"], a["fwd_bwd_ms"]) for a in data["anchors"]
                              if a["method"] == m and (a["H"], a["D"]) == (H, D))
             if anchors:
-                ax.plot(*zip(*anchors), "x", ms=7, color=f"C{i}", label=f"{m} (reference anchor)")
+                ax.plot(*zip(*anchors), "x", ms=7, color=colour, label=f"{m} (reference anchor)")
         ax.set(xscale="log", yscale="log", xlabel="sequence length T (B·T = 32,768)", ylabel="fwd+bwd ms (bf16)",
                title=f"H×D = {H}×{D}")
     handles, labels = axes[0][0].get_legend_handles_labels()
