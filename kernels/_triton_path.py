@@ -108,12 +108,10 @@ def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
 @triton.jit
 def _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG, NC, scale, scale_log2,
                   rows, tile_d, tile_v, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-                  DV: tl.constexpr, PREC: tl.constexpr, GATE_SUM_DOT: tl.constexpr, NO_ATOMICS: tl.constexpr,
-                  ACQ_REL: tl.constexpr):
+                  DV: tl.constexpr, PREC: tl.constexpr, NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr):
     """One chunk pair, query state q⁽ᵐ⁾ = ``ql`` and keys k̃_m = ``kt``: dS = P ∘ (dP − δ) with P = exp2(S − lse)
     and dP = dO V_mᵀ, and its key-side sums dV_m += Pᵀ dO, dk̃_m += scale · dSᵀ q⁽ᵐ⁾, dG_m −= Σ_i dS_i· (gate).
-    Returns dS in dO's dtype and its row sums Σ_j dS_ij (the query side of dG). ``GATE_SUM_DOT`` forms the
-    key side's column sums on the tensor cores from the rounded dS instead of by a reduction across warps."""
+    Returns dS in dO's dtype and its row sums Σ_j dS_ij (the query side of dG)."""
     gradp = do.dtype
     s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
     if HAS_GATE:
@@ -127,18 +125,12 @@ def _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, D
     _accumulate(NO_ATOMICS, ACQ_REL, DVV + (hk * NC + kn) * BT * DV + tile_v,
                 tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
     dsg = ds.to(gradp)
-    dsg_t = tl.trans(dsg)
     _accumulate(NO_ATOMICS, ACQ_REL, DKS + (hk * NC + kn) * BT * D + tile_d,
-                tl.dot(dsg_t, ql.to(gradp), input_precision=PREC) * scale)
+                tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
     ds_rows = tl.zeros([BT], dtype=tl.float32)
     if HAS_GATE:
         ds_rows = tl.sum(ds, 1)
-        if GATE_SUM_DOT:  # Σ_i dS_ij as dSᵀ times a block of ones (its 16 equal columns summed, / 16 exact)
-            ones = tl.full([BT, 16], 1.0, gradp)
-            ds_cols = tl.sum(tl.dot(dsg_t, ones, input_precision=PREC), 1) * 0.0625
-        else:  # a reduction across the program's warps
-            ds_cols = tl.sum(ds, 0)
-        _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -ds_cols)
+        _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
     return dsg, ds_rows
 
 
@@ -149,8 +141,8 @@ def _path_bwd_kernel(
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, GATE_SUM_DOT: tl.constexpr = False,
-    NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
+    ACQ_REL: tl.constexpr = False,
 ):
     # LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision); NO_ATOMICS
     # (profiling only, wrong gradients): plain stores instead of the key-side atomics; ACQ_REL (measurement
@@ -204,7 +196,7 @@ def _path_bwd_kernel(
             kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
             dsg, ds_rows = _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG,
                                          NC, scale, scale_log2, rows, tile_d, tile_v, HAS_GATE, BT, D, DV,
-                                         PREC, GATE_SUM_DOT, NO_ATOMICS, ACQ_REL)
+                                         PREC, NO_ATOMICS, ACQ_REL)
             dg_row += ds_rows
             if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
                 mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
