@@ -34,11 +34,9 @@ _BWD_SCHEMA = (
 
 def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
               programs):
-    from .path import _scan_fwd_impl
-
-    qs, ks, m, sd, _ = ut_forward(q, k, w, beta, tokens, block)
-    vc = gather_chunks(v, tokens, block)
-    return _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
+    """(o, lse): the UT forward and the scan (the factors are dropped; the backward recomputes them)."""
+    return _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block,
+                           scale, programs)[:2]
 
 
 def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
@@ -102,7 +100,8 @@ path_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------------------
 # The same op keeping the UT factors for the backward instead of recomputing them (``ut="triton_saved"``):
 # one UT forward and one inversion per forward+backward instead of two each, for the memory of q̃ and S_d (fp32),
-# k̃ and M (in the scan's dtype) and A (fp32) per layer: about 4× one fp32 q at D = 64.
+# k̃ and M (in the scan's dtype) and A (fp32) per layer: autograd keeps 9.0× one 16-bit q at 12×64 instead of
+# 1.04× (``benchmarks/bench_saved_memory.py``).
 
 _SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace("-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _SAVED_BWD_SCHEMA = (

@@ -137,8 +137,10 @@ def test_ut_custom_ops_opcheck():
                    rest, lambda out: [torch.randn_like(t) for t in out] + [q, k, w, beta] + rest)
 
 
-def test_recompute_custom_ops_opcheck():
-    """The op that joins the fused UT transform and the scan (and recomputes in its backward)."""
+@pytest.mark.parametrize("route", ["recompute", "saved"])
+def test_fused_route_custom_ops_opcheck(route):
+    """The op that joins the fused UT transform and the scan, recomputing the factors in its backward
+    (``ut="triton"``) or keeping them for it (``ut="triton_saved"``)."""
     from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
 
     importlib.import_module("pathlab.kernels._recompute")  # registers the ops
@@ -149,24 +151,10 @@ def test_recompute_custom_ops_opcheck():
     inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
     rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
             16, 0.25, 2]
-    assert_opcheck(torch.ops.pathlab.path_recompute_fwd.default, torch.ops.pathlab.path_recompute_bwd.default,
-                   inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
-
-
-def test_saved_factors_custom_ops_opcheck():
-    """The op that joins the fused UT transform and the scan and keeps the factors for its backward."""
-    from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
-
-    importlib.import_module("pathlab.kernels._recompute")  # registers the ops
-    B, T, H, Hkv, D = 1, 20, 2, 1, 16
-    q, k, v, w, beta, g = make(B, T, H, Hkv, D, D, gate=True, seed=5)
-    layout = build_layout(B, T, 16, q.device)
-    gl, go = chunk_gate(to_chunks(g, layout), layout)
-    inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
-    rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
-            16, 0.25, 2]
-    assert_opcheck(torch.ops.pathlab.path_saved_fwd.default, torch.ops.pathlab.path_saved_bwd.default,
-                   inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
+    ops = torch.ops.pathlab
+    fwd, bwd = getattr(ops, f"path_{route}_fwd").default, getattr(ops, f"path_{route}_bwd").default
+    # the backward takes dO, the inputs, every output of the forward (o, lse and any kept factors), the rest
+    assert_opcheck(fwd, bwd, inputs, rest, lambda out: [torch.randn_like(out[0])] + inputs + list(out) + rest)
 
 
 @pytest.mark.parametrize("attention", ["path", "path_fox"])
