@@ -12,7 +12,7 @@ head shape: relative RMS error of o and of every gradient goes into the result f
         # fwd+bwd time by kernel: the Triton scan against the per-token work around it
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path_ut_triton,sdpa --decode ''
         # the UT transform in PyTorch ops against the fused kernels (``ut="triton"``), side by side
-    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path@PATHLAB_PATH_BWD_LOOPS=split,sdpa
+    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path@PATHLAB_PATH_BWD_LAMBDA=tf32,sdpa
         # a method with kernel settings after '@': variants of one kernel side by side in one call
 
 Needs a CUDA device. The result file is written atomically.

@@ -38,13 +38,13 @@ def _bench_kernels():
 
 def test_method_settings_apply_only_inside_the_method(monkeypatch):
     bench, _ = _bench_kernels()
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LOOPS", "fused")
+    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "bf16")
     monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
-    base, env = bench.parse_method("path@PATHLAB_PATH_BWD_LOOPS=split@PATHLAB_PATH_UT=torch")
-    assert base == "path" and env == {"PATHLAB_PATH_BWD_LOOPS": "split", "PATHLAB_PATH_UT": "torch"}
+    base, env = bench.parse_method("path@PATHLAB_PATH_BWD_LAMBDA=tf32@PATHLAB_PATH_UT=torch")
+    assert base == "path" and env == {"PATHLAB_PATH_BWD_LAMBDA": "tf32", "PATHLAB_PATH_UT": "torch"}
     with bench.method_env(env):
-        assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "split" and os.environ["PATHLAB_PATH_UT"] == "torch"
-    assert os.environ["PATHLAB_PATH_BWD_LOOPS"] == "fused" and "PATHLAB_PATH_UT" not in os.environ
+        assert os.environ["PATHLAB_PATH_BWD_LAMBDA"] == "tf32" and os.environ["PATHLAB_PATH_UT"] == "torch"
+    assert os.environ["PATHLAB_PATH_BWD_LAMBDA"] == "bf16" and "PATHLAB_PATH_UT" not in os.environ
     assert bench.split_methods("path,path@PATHLAB_PATH_BWD=4,2,2,sdpa,") == ["path", "path@PATHLAB_PATH_BWD=4,2,2", "sdpa"]
     for bad in ("pathx", "path@LOOPS=split", "path@PATHLAB_PATH_UT"):
         with pytest.raises(SystemExit):
