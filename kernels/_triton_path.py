@@ -228,3 +228,122 @@ def _path_bwd_kernel(
             dg_row += tl.sum(ds, 1)
             _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The backward with tensor descriptors (TMA on Hopper): tiles are loaded by descriptor and the key-side sums
+# are TMA reductions, so no [BT, D] tile of addresses or offsets lives in registers.
+
+
+@triton.jit
+def _reduce_tile(INTERPRETED: tl.constexpr, desc, row, val):
+    """desc[row : row + block, :] += val from many programs at once (a TMA reduction). The interpreter has no
+    descriptor reductions, but it runs one program at a time, so a load, add and store is the same sum there."""
+    if INTERPRETED:
+        desc.store([row, 0], desc.load([row, 0]) + val)
+    else:
+        desc.atomic_add([row, 0], val)
+
+
+@triton.jit
+def _path_bwd_kernel_tma(
+    QS, KS, V, M, SD, GL, GO, DO, LSE, DELTA,
+    DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
+    CHUNK_FIRST, CHUNK_INDEX, ORDER,
+    NC, NH, n_items, max_chunks, scale, scale_log2,
+    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """``_path_bwd_kernel`` with 2-D tensor descriptors: QS, DQS ``[H·NC·BT, D]``, KS, DKS ``[Hkv·NC·BT, D]``,
+    V, DVV ``[Hkv·NC·BT, DV]``, M, DM ``[Hkv·NC·D, D]``, DO ``[H·NC·BT, DV]``, SD, DSD ``[H·NC·BT, BT]``
+    (row coordinates are 32-bit: fewer than 2³¹ rows). SCRATCH stays a pointer: the replay's writes and the
+    λ scan's reads of it are ordinary stores and loads, ordered by a barrier."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
+    lowp = SCRATCH.dtype.element_ty
+    gradp = DO.dtype
+    tile_d = rows[:, None] * D + dcol[None, :]
+    scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
+
+    for item in range(pid, n_items, nprog):
+        n = tl.load(ORDER + item // NH).to(tl.int64)
+        h = (item % NH).to(tl.int64)
+        hk = h // GROUP
+        c = tl.load(CHUNK_INDEX + n)
+        first = tl.load(CHUNK_FIRST + n).to(tl.int64)
+        qrow = ((h * NC + n) * BT).to(tl.int32)
+        do = DO.load([qrow, 0])
+        lse = tl.load(LSE + (h * NC + n) * BT + rows)
+        delta = tl.load(DELTA + (h * NC + n) * BT + rows)
+        dg_row = tl.zeros([BT], dtype=tl.float32)
+        if HAS_GATE:
+            gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
+            go_c = tl.load(GO + h * NC + n)
+        else:
+            gq = dg_row
+            go_c = 0.0
+        lam = tl.zeros([BT, D], dtype=tl.float32)
+        q = QS.load([qrow, 0])
+
+        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
+        for mm in range(0, c):
+            m = c - 1 - mm
+            kn = first + m
+            ql = q.to(lowp)
+            tl.store(scratch + m * BT * D + tile_d, ql)
+            if m > 0:
+                trans_m = M.load([((hk * NC + kn) * D).to(tl.int32), 0])
+                q = q - tl.dot(ql, trans_m, input_precision=PREC)
+        tl.debug_barrier()  # scratch writes visible to the whole program
+
+        # 2. left to right: λ, and the key-side gradients
+        for m in range(0, c):
+            kn = first + m
+            krow = ((hk * NC + kn) * BT).to(tl.int32)
+            ql = tl.load(scratch + m * BT * D + tile_d)
+            kt = KS.load([krow, 0])
+            s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+            if HAS_GATE:
+                gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
+                shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
+                s += gq[:, None] - gk[None, :] + shift
+            p = tl.math.exp2(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(V.load([krow, 0])), input_precision=PREC)
+            ds = p * (dp - delta[:, None])  # ∂L/∂logit
+            _reduce_tile(INTERPRETED, DVV, krow, tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+            dsg = ds.to(gradp)
+            _reduce_tile(INTERPRETED, DKS, krow, tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+            if HAS_GATE:
+                dg_row += tl.sum(ds, 1)
+                tl.atomic_add(DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0), sem="relaxed")
+            if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
+                mrow = ((hk * NC + kn) * D).to(tl.int32)
+                mt = M.load([mrow, 0])
+                if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
+                    lam_l = lam.to(tl.bfloat16)
+                    _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
+                    lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
+                else:
+                    _reduce_tile(INTERPRETED, DM, mrow,
+                                 -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                    lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
+            lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+
+        # 3. the diagonal block (intra-chunk logits S_d)
+        s = SD.load([qrow, 0]) * scale_log2
+        if HAS_GATE:
+            s += gq[:, None] - gq[None, :]
+        causal = rows[:, None] >= rows[None, :]
+        p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
+        crow = ((hk * NC + n) * BT).to(tl.int32)
+        dp = tl.dot(do, tl.trans(V.load([crow, 0])), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        DSD.store([qrow, 0], ds * scale)
+        _reduce_tile(INTERPRETED, DVV, crow, tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        DQS.store([qrow, 0], lam)
+        if HAS_GATE:
+            dg_row += tl.sum(ds, 1)
+            tl.atomic_add(DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0), sem="relaxed")
+        tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

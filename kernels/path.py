@@ -166,6 +166,10 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
+    if os.environ.get("PATHLAB_PATH_BWD_TMA", "0") == "1":
+        _scan_bwd_tma(do, qs, ks_l, v, m_l, sd, gl, go, lse, delta, dqs, dks, dv, dm, dsd, dg, scratch,
+                      chunk_first, chunk_index, order, n_items, max_chunks, scale, programs, prec, lowp)
+        return dqs, dks, dv.to(v.dtype), dm, dsd, dg
     _path_bwd_kernel[(programs,)](
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
         do, lse, delta,
@@ -180,6 +184,36 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
     return dqs, dks, dv.to(v.dtype), dm, dsd, dg
+
+
+def _scan_bwd_tma(do, qs, ks_l, v, m_l, sd, gl, go, lse, delta, dqs, dks, dv, dm, dsd, dg, scratch,
+                  chunk_first, chunk_index, order, n_items, max_chunks, scale, programs, prec, lowp):
+    """The backward scan through 2-D tensor descriptors (``_path_bwd_kernel_tma``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ._triton_path import _path_bwd_kernel_tma
+
+    H, NC, BT, D = qs.shape
+    Hkv, DV = v.shape[0], v.shape[-1]
+
+    def desc(x, block_rows):
+        flat = x.view(-1, x.shape[-1])
+        return TensorDescriptor.from_tensor(flat, [block_rows, x.shape[-1]])
+
+    num_warps, num_stages, _, maxnreg = _launch_config("bwd", D, DV)
+    has_gate = gl is not None
+    _path_bwd_kernel_tma[(programs,)](
+        desc(qs, BT), desc(ks_l, BT), desc(v, BT), desc(m_l, D), desc(sd, BT),
+        gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        desc(do, BT), lse, delta,
+        desc(dqs, BT), desc(dks, BT), desc(dv, BT), desc(dm, D), desc(dsd, BT), dg if has_gate else dqs, scratch,
+        chunk_first, chunk_index, order,
+        NC, H, n_items, max_chunks, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        PREC32="ieee" if lowp == torch.float32 else "tf32",
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", INTERPRETED=interpreting(),
+        num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
+    )
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
