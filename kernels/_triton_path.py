@@ -293,16 +293,18 @@ def _path_bwd_kernel_tma(
             kn = first + m
             ql = q.to(lowp)
             tl.store(scratch + m * BT * D + tile_d, ql)
-            if m > 0:
-                trans_m = M.load([((hk * NC + kn) * D).to(tl.int32), 0])
-                q = q - tl.dot(ql, trans_m, input_precision=PREC)
+            # (at m = 0 the carried state is not needed; computing it anyway keeps the loop free of branches,
+            # so that the loads of M can be pipelined)
+            q = q - tl.dot(ql, M.load([((hk * NC + kn) * D).to(tl.int32), 0]), input_precision=PREC)
         tl.debug_barrier()  # scratch writes visible to the whole program
 
-        # 2. left to right: λ, and the key-side gradients
+        # 2. left to right: λ, and the key-side gradients. The next state is loaded one pair ahead.
+        ql_next = tl.load(scratch + tile_d)
         for m in range(0, c):
             kn = first + m
             krow = ((hk * NC + kn) * BT).to(tl.int32)
-            ql = tl.load(scratch + m * BT * D + tile_d)
+            ql = ql_next
+            ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
             kt = KS.load([krow, 0])
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:
@@ -318,17 +320,17 @@ def _path_bwd_kernel_tma(
             if HAS_GATE:
                 dg_row += tl.sum(ds, 1)
                 tl.atomic_add(DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0), sem="relaxed")
-            if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                mrow = ((hk * NC + kn) * D).to(tl.int32)
-                mt = M.load([mrow, 0])
-                if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
-                    lam_l = lam.to(tl.bfloat16)
-                    _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
-                    lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
-                else:
-                    _reduce_tile(INTERPRETED, DM, mrow,
-                                 -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
-                    lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
+            # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where
+            # both products vanish: no branch, as above)
+            mrow = ((hk * NC + kn) * D).to(tl.int32)
+            mt = M.load([mrow, 0])
+            if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
+                lam_l = lam.to(tl.bfloat16)
+                _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
+                lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
+            else:
+                _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
             lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)
