@@ -93,45 +93,43 @@ def _path_fwd_kernel(
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
-    """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
-    no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
-    (``ACQ_REL`` keeps the default, for the side-by-side measurement)."""
-    if NO_ATOMICS:
-        tl.store(ptr, val)
-    elif ACQ_REL:
-        tl.atomic_add(ptr, val)
+def _load_tile(TMA: tl.constexpr, X, row, tile, COLS: tl.constexpr):
+    """Rows ``row … row + R`` of the 2-D ``[·, COLS]`` tensor X: through a tensor descriptor (TMA on Hopper,
+    its block ``[R, COLS]``) or through a pointer and the tile's offsets ``tile [R, COLS]``."""
+    if TMA:
+        return X.load([row.to(tl.int32), 0])
     else:
-        tl.atomic_add(ptr, val, sem="relaxed")
+        return tl.load(X + row * COLS + tile)
 
 
 @triton.jit
-def _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG, NC, scale, scale_log2,
-                  rows, tile_d, tile_v, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-                  DV: tl.constexpr, PREC: tl.constexpr, NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr):
-    """One chunk pair, query state q⁽ᵐ⁾ = ``ql`` and keys k̃_m = ``kt``: dS = P ∘ (dP − δ) with P = exp2(S − lse)
-    and dP = dO V_mᵀ, and its key-side sums dV_m += Pᵀ dO, dk̃_m += scale · dSᵀ q⁽ᵐ⁾, dG_m −= Σ_i dS_i· (gate).
-    Returns dS in dO's dtype and its row sums Σ_j dS_ij (the query side of dG)."""
-    gradp = do.dtype
-    s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-    if HAS_GATE:
-        gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
-        shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
-        s += gq[:, None] - gk[None, :] + shift
-    p = tl.math.exp2(s - lse[:, None])
-    vm = tl.load(V + (hk * NC + kn) * BT * DV + tile_v)
-    dp = tl.dot(do, tl.trans(vm), input_precision=PREC)
-    ds = p * (dp - delta[:, None])  # ∂L/∂logit
-    _accumulate(NO_ATOMICS, ACQ_REL, DVV + (hk * NC + kn) * BT * DV + tile_v,
-                tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
-    dsg = ds.to(gradp)
-    _accumulate(NO_ATOMICS, ACQ_REL, DKS + (hk * NC + kn) * BT * D + tile_d,
-                tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
-    ds_rows = tl.zeros([BT], dtype=tl.float32)
-    if HAS_GATE:
-        ds_rows = tl.sum(ds, 1)
-        _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
-    return dsg, ds_rows
+def _store_tile(TMA: tl.constexpr, X, row, tile, COLS: tl.constexpr, val):
+    """The store of :func:`_load_tile`."""
+    if TMA:
+        X.store([row.to(tl.int32), 0], val)
+    else:
+        tl.store(X + row * COLS + tile, val)
+
+
+@triton.jit
+def _reduce_tile(TMA: tl.constexpr, INTERPRETED: tl.constexpr, NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr,
+                 X, row, tile, COLS: tl.constexpr, val):
+    """X[row : row + R] += val from many programs at once: a TMA reduction, or fp32 atomics. The sums are read
+    only after the kernel ends, so the atomics need no ordering: "relaxed" lets them retire without the memory
+    fences of Triton's default "acq_rel" (``ACQ_REL`` keeps the default, for the side-by-side measurement;
+    ``NO_ATOMICS``, for profiling only, stores instead: wrong sums). The interpreter has no descriptor
+    reductions, but it runs one program at a time, so a load, add and store is the same sum there."""
+    if TMA:
+        if INTERPRETED:
+            X.store([row.to(tl.int32), 0], X.load([row.to(tl.int32), 0]) + val)
+        else:
+            X.atomic_add([row.to(tl.int32), 0], val)
+    elif NO_ATOMICS:
+        tl.store(X + row * COLS + tile, val)
+    elif ACQ_REL:
+        tl.atomic_add(X + row * COLS + tile, val)
+    else:
+        tl.atomic_add(X + row * COLS + tile, val, sem="relaxed")
 
 
 @triton.jit
@@ -141,21 +139,29 @@ def _path_bwd_kernel(
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
-    ACQ_REL: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, TMA: tl.constexpr = False,
+    INTERPRETED: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
 ):
-    # LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision); NO_ATOMICS
-    # (profiling only, wrong gradients): plain stores instead of the key-side atomics; ACQ_REL (measurement
-    # only): Triton's default acq_rel atomics instead of relaxed ones
+    """The tiles are rows of 2-D tensors: QS, DQS ``[H·NC·BT, D]``; KS, DKS ``[Hkv·NC·BT, D]``; V, DVV
+    ``[Hkv·NC·BT, DV]``; M, DM ``[Hkv·NC·D, D]``; DO ``[H·NC·BT, DV]``; SD, DSD ``[H·NC·BT, BT]``. With ``TMA``
+    they are tensor descriptors (32-bit row coordinates: fewer than 2³¹ rows), loaded by the TMA unit and
+    summed by TMA reductions, so no tile of addresses lives in registers and the loads can be pipelined
+    (``num_stages``); else pointers, summed by fp32 atomics. SCRATCH is always a pointer: the replay's writes
+    and the λ scan's reads of it are ordinary stores and loads, ordered by a barrier (a TMA read of data just
+    written by ordinary stores would need a proxy fence).
+
+    LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision).
+    """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
-    lowp = KS.dtype.element_ty  # q-states, k̃ and M inside the scan
-    gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
+    lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
+    gradp = DO.dtype if TMA else DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype)
     tile_d = rows[:, None] * D + dcol[None, :]
     tile_v = rows[:, None] * DV + vcol[None, :]
+    tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
 
@@ -165,187 +171,82 @@ def _path_bwd_kernel(
         hk = h // GROUP
         c = tl.load(CHUNK_INDEX + n)
         first = tl.load(CHUNK_FIRST + n).to(tl.int64)
-        do = tl.load(DO + (h * NC + n) * BT * DV + tile_v)
-        lse = tl.load(LSE + (h * NC + n) * BT + rows)
-        delta = tl.load(DELTA + (h * NC + n) * BT + rows)
+        qrow = (h * NC + n) * BT
+        do = _load_tile(TMA, DO, qrow, tile_v, DV)
+        lse = tl.load(LSE + qrow + rows)
+        delta = tl.load(DELTA + qrow + rows)
         dg_row = tl.zeros([BT], dtype=tl.float32)
         if HAS_GATE:
-            gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
+            gq = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_c = tl.load(GO + h * NC + n)
         else:
             gq = dg_row
             go_c = 0.0
         lam = tl.zeros([BT, D], dtype=tl.float32)
-        q = tl.load(QS + (h * NC + n) * BT * D + tile_d)
+        q = _load_tile(TMA, QS, qrow, tile_d, D)
 
-        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
+        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch.
+        # (At m = 0 the carried state is not needed; computing it anyway keeps the loop free of branches, so
+        # that the loads of M can be pipelined.)
         for mm in range(0, c):
             m = c - 1 - mm
-            kn = first + m
             ql = q.to(lowp)
             tl.store(scratch + m * BT * D + tile_d, ql)
-            if m > 0:
-                trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-                q = q - tl.dot(ql, trans_m, input_precision=PREC)
+            q = q - tl.dot(ql, _load_tile(TMA, M, (hk * NC + first + m) * D, tile_dd, D), input_precision=PREC)
         tl.debug_barrier()  # scratch writes visible to the whole program
 
-        # 2. left to right: λ, and the key-side gradients
-        for m in range(0, c):
-            kn = first + m
-            ql = tl.load(scratch + m * BT * D + tile_d)
-            kt = tl.load(KS + (hk * NC + kn) * BT * D + tile_d)
-            dsg, ds_rows = _bwd_key_side(ql, kt, do, lse, delta, gq, go_c, h, hk, kn, GL, GO, V, DVV, DKS, DG,
-                                         NC, scale, scale_log2, rows, tile_d, tile_v, HAS_GATE, BT, D, DV,
-                                         PREC, NO_ATOMICS, ACQ_REL)
-            dg_row += ds_rows
-            if m > 0:  # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here
-                mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-                if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
-                    lam_l = lam.to(tl.bfloat16)
-                    _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
-                    lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
-                else:
-                    _accumulate(NO_ATOMICS, ACQ_REL, DM + (hk * NC + kn) * D * D + tile_dd,
-                                -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
-                    lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
-            lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
-
-        # 3. the diagonal block (intra-chunk logits S_d)
-        s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2
-        if HAS_GATE:
-            s += gq[:, None] - gq[None, :]
-        causal = rows[:, None] >= rows[None, :]
-        p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        vc = tl.load(V + (hk * NC + n) * BT * DV + tile_v)
-        dp = tl.dot(do, tl.trans(vc), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        tl.store(DSD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :], ds * scale)
-        _accumulate(NO_ATOMICS, ACQ_REL, DVV + (hk * NC + n) * BT * DV + tile_v,
-                      tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
-        tl.store(DQS + (h * NC + n) * BT * D + tile_d, lam)
-        if HAS_GATE:
-            dg_row += tl.sum(ds, 1)
-            _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0))
-        tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The backward with tensor descriptors (TMA on Hopper): tiles are loaded by descriptor and the key-side sums
-# are TMA reductions, so no [BT, D] tile of addresses or offsets lives in registers.
-
-
-@triton.jit
-def _reduce_tile(INTERPRETED: tl.constexpr, desc, row, val):
-    """desc[row : row + block, :] += val from many programs at once (a TMA reduction). The interpreter has no
-    descriptor reductions, but it runs one program at a time, so a load, add and store is the same sum there."""
-    if INTERPRETED:
-        desc.store([row, 0], desc.load([row, 0]) + val)
-    else:
-        desc.atomic_add([row, 0], val)
-
-
-@triton.jit
-def _path_bwd_kernel_tma(
-    QS, KS, V, M, SD, GL, GO, DO, LSE, DELTA,
-    DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
-    CHUNK_FIRST, CHUNK_INDEX, ORDER,
-    NC, NH, n_items, max_chunks, scale, scale_log2,
-    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr, INTERPRETED: tl.constexpr,
-):
-    """``_path_bwd_kernel`` with 2-D tensor descriptors: QS, DQS ``[H·NC·BT, D]``, KS, DKS ``[Hkv·NC·BT, D]``,
-    V, DVV ``[Hkv·NC·BT, DV]``, M, DM ``[Hkv·NC·D, D]``, DO ``[H·NC·BT, DV]``, SD, DSD ``[H·NC·BT, BT]``
-    (row coordinates are 32-bit: fewer than 2³¹ rows). SCRATCH stays a pointer: the replay's writes and the
-    λ scan's reads of it are ordinary stores and loads, ordered by a barrier."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    rows = tl.arange(0, BT)
-    dcol = tl.arange(0, D)
-    lowp = SCRATCH.dtype.element_ty
-    gradp = DO.dtype
-    tile_d = rows[:, None] * D + dcol[None, :]
-    scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
-
-    for item in range(pid, n_items, nprog):
-        n = tl.load(ORDER + item // NH).to(tl.int64)
-        h = (item % NH).to(tl.int64)
-        hk = h // GROUP
-        c = tl.load(CHUNK_INDEX + n)
-        first = tl.load(CHUNK_FIRST + n).to(tl.int64)
-        qrow = ((h * NC + n) * BT).to(tl.int32)
-        do = DO.load([qrow, 0])
-        lse = tl.load(LSE + (h * NC + n) * BT + rows)
-        delta = tl.load(DELTA + (h * NC + n) * BT + rows)
-        dg_row = tl.zeros([BT], dtype=tl.float32)
-        if HAS_GATE:
-            gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
-            go_c = tl.load(GO + h * NC + n)
-        else:
-            gq = dg_row
-            go_c = 0.0
-        lam = tl.zeros([BT, D], dtype=tl.float32)
-        q = QS.load([qrow, 0])
-
-        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch
-        for mm in range(0, c):
-            m = c - 1 - mm
-            kn = first + m
-            ql = q.to(lowp)
-            tl.store(scratch + m * BT * D + tile_d, ql)
-            # (at m = 0 the carried state is not needed; computing it anyway keeps the loop free of branches,
-            # so that the loads of M can be pipelined)
-            q = q - tl.dot(ql, M.load([((hk * NC + kn) * D).to(tl.int32), 0]), input_precision=PREC)
-        tl.debug_barrier()  # scratch writes visible to the whole program
-
-        # 2. left to right: λ, and the key-side gradients. The next state is loaded one pair ahead.
+        # 2. left to right: λ, and the key-side gradients; the next state is loaded one pair ahead
         ql_next = tl.load(scratch + tile_d)
         for m in range(0, c):
             kn = first + m
-            krow = ((hk * NC + kn) * BT).to(tl.int32)
+            krow = (hk * NC + kn) * BT
             ql = ql_next
             ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
-            kt = KS.load([krow, 0])
+            kt = _load_tile(TMA, KS, krow, tile_d, D)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:
                 gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
                 shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
                 s += gq[:, None] - gk[None, :] + shift
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(V.load([krow, 0])), input_precision=PREC)
+            dp = tl.dot(do, tl.trans(_load_tile(TMA, V, krow, tile_v, DV)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _reduce_tile(INTERPRETED, DVV, krow, tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DVV, krow, tile_v, DV,
+                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
-            _reduce_tile(INTERPRETED, DKS, krow, tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DKS, krow, tile_d, D,
+                         tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
             if HAS_GATE:
                 dg_row += tl.sum(ds, 1)
                 tl.atomic_add(DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0), sem="relaxed")
-            # transition P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where
-            # both products vanish: no branch, as above)
-            mrow = ((hk * NC + kn) * D).to(tl.int32)
-            mt = M.load([mrow, 0])
+            # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
+            # products vanish: no branch, as above)
+            mrow = (hk * NC + kn) * D
+            mt = _load_tile(TMA, M, mrow, tile_dd, D)
             if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
                 lam_l = lam.to(tl.bfloat16)
-                _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l))
+                dm = -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l)
                 lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
             else:
-                _reduce_tile(INTERPRETED, DM, mrow, -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32))
+                dm = -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32)
                 lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
+            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DM, mrow, tile_dd, D, dm)
             lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)
-        s = SD.load([qrow, 0]) * scale_log2
+        s = _load_tile(TMA, SD, qrow, tile_s, BT) * scale_log2
         if HAS_GATE:
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        crow = ((hk * NC + n) * BT).to(tl.int32)
-        dp = tl.dot(do, tl.trans(V.load([crow, 0])), input_precision=PREC)
+        crow = (hk * NC + n) * BT
+        dp = tl.dot(do, tl.trans(_load_tile(TMA, V, crow, tile_v, DV)), input_precision=PREC)
         ds = p * (dp - delta[:, None])
-        DSD.store([qrow, 0], ds * scale)
-        _reduce_tile(INTERPRETED, DVV, crow, tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
-        DQS.store([qrow, 0], lam)
+        _store_tile(TMA, DSD, qrow, tile_s, BT, ds * scale)
+        _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DVV, crow, tile_v, DV,
+                     tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        _store_tile(TMA, DQS, qrow, tile_d, D, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)
-            tl.atomic_add(DG + (h * NC + n) * BT + rows, dg_row - tl.sum(ds, 0), sem="relaxed")
+            tl.atomic_add(DG + qrow + rows, dg_row - tl.sum(ds, 0), sem="relaxed")
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

@@ -34,23 +34,49 @@ def _num_sms(device) -> int:
     return 2
 
 
-def _launch_config(kind: str, D: int, DV: int):
+def _launch_config(kind: str, D: int, DV: int, gated: bool = False):
     """(num_warps, num_stages, programs per SM, register cap) of the forward ("fwd") or backward ("bwd") kernel.
 
     Defaults were picked on an H200; ``PATHLAB_PATH_FWD="warps,stages"`` and
     ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm[,maxnreg]"`` override them (used by the benchmark's
     ``--tune``). A register cap (Triton's ``maxnreg``; 0 = none) trades spills for more resident programs.
+    At D = 128 one backward program of 8 warps takes every register of a multiprocessor, so one per SM
+    (a second waited; its scratch was wasted). The gated backward at D ≤ 64 runs through tensor descriptors
+    (:func:`_use_tma`) with its loads pipelined over 2 stages.
     """
     big = max(D, DV) >= 128
     if kind == "fwd":
-        default = (8 if big else 4, 2 if big else 3, 0, 0)
+        default = (4, 2 if big else 3, 0, 0)
     else:
-        default = (8 if big else 4, 1, 2, 0)
+        default = (8, 1, 1, 0) if big else (4, 2 if gated else 1, 2, 0)
     env = os.environ.get("PATHLAB_PATH_FWD" if kind == "fwd" else "PATHLAB_PATH_BWD")
     if not env:
         return default
     parts = [int(x) for x in env.split(",")]
     return tuple(parts + list(default[len(parts):]))
+
+
+TMA_CHOICES = ("auto", "0", "1")
+
+
+def _use_tma(D: int, DV: int, gated: bool) -> bool:
+    """Whether the backward scan reads and sums its tiles through tensor descriptors (TMA) rather than pointers
+    (``PATHLAB_PATH_BWD_TMA`` = ``auto``, ``1`` or ``0``). ``auto``: for the gated kernel at D ≤ 64, where, with
+    2 pipeline stages, PaTH-FoX's fwd+bwd took 7% less time on an H200; the ungated kernel took the same time
+    either way, and D = 128 took 6% more with descriptors."""
+    choice = os.environ.get("PATHLAB_PATH_BWD_TMA") or "auto"
+    if choice not in TMA_CHOICES:
+        raise ValueError(f"PATHLAB_PATH_BWD_TMA must be one of {TMA_CHOICES}, got {choice!r}")
+    if choice == "auto":
+        return gated and max(D, DV) <= 64
+    return choice == "1"
+
+
+def _descriptors(x, block_rows):
+    """A 2-D tensor descriptor of contiguous ``x [..., C]`` viewed as ``[rows, C]``, block ``[block_rows, C]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [block_rows, x.shape[-1]])
 
 
 def _register_cap(maxnreg: int) -> dict:
@@ -162,58 +188,29 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
-    num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
+    num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV, has_gate)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
-    if os.environ.get("PATHLAB_PATH_BWD_TMA", "0") == "1":
-        _scan_bwd_tma(do, qs, ks_l, v, m_l, sd, gl, go, lse, delta, dqs, dks, dv, dm, dsd, dg, scratch,
-                      chunk_first, chunk_index, order, n_items, max_chunks, scale, programs, prec, lowp)
+    tma = _use_tma(D, DV, has_gate)
+    if n_items == 0:
         return dqs, dks, dv.to(v.dtype), dm, dsd, dg
+    tiles = _descriptors if tma else (lambda x, block_rows: x)
     _path_bwd_kernel[(programs,)](
-        qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-        do, lse, delta,
-        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
+        tiles(qs, BT), tiles(ks_l, BT), tiles(v, BT), tiles(m_l, D), tiles(sd, BT),
+        gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        tiles(do, BT), lse, delta,
+        tiles(dqs, BT), tiles(dks, BT), tiles(dv, BT), tiles(dm, D), tiles(dsd, BT), dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
-        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", TMA=tma, INTERPRETED=interpreting(),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
     return dqs, dks, dv.to(v.dtype), dm, dsd, dg
-
-
-def _scan_bwd_tma(do, qs, ks_l, v, m_l, sd, gl, go, lse, delta, dqs, dks, dv, dm, dsd, dg, scratch,
-                  chunk_first, chunk_index, order, n_items, max_chunks, scale, programs, prec, lowp):
-    """The backward scan through 2-D tensor descriptors (``_path_bwd_kernel_tma``)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from ._triton_path import _path_bwd_kernel_tma
-
-    H, NC, BT, D = qs.shape
-    Hkv, DV = v.shape[0], v.shape[-1]
-
-    def desc(x, block_rows):
-        flat = x.view(-1, x.shape[-1])
-        return TensorDescriptor.from_tensor(flat, [block_rows, x.shape[-1]])
-
-    num_warps, num_stages, _, maxnreg = _launch_config("bwd", D, DV)
-    has_gate = gl is not None
-    _path_bwd_kernel_tma[(programs,)](
-        desc(qs, BT), desc(ks_l, BT), desc(v, BT), desc(m_l, D), desc(sd, BT),
-        gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-        desc(do, BT), lse, delta,
-        desc(dqs, BT), desc(dks, BT), desc(dv, BT), desc(dm, D), desc(dsd, BT), dg if has_gate else dqs, scratch,
-        chunk_first, chunk_index, order,
-        NC, H, n_items, max_chunks, scale, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
-        PREC32="ieee" if lowp == torch.float32 else "tf32",
-        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", INTERPRETED=interpreting(),
-        num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
-    )
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,

@@ -95,6 +95,30 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
 
 
+@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 2, 7)])
+def test_backward_through_pointers_and_descriptors(monkeypatch, tma, B, T, H, Hkv, D, DV, dtype, gate,
+                                                   beta_range, block):
+    """Both ways of the backward scan to its tiles (``PATHLAB_PATH_BWD_TMA``: ``auto`` takes descriptors for the
+    gated kernel only), each forced on gated and ungated inputs."""
+    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", tma)
+    inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
+
+
+def test_tma_choice(monkeypatch):
+    """Descriptors by default for the gated backward at D ≤ 64 only; an unknown value is a clear error."""
+    from pathlab.kernels.path import _use_tma
+
+    monkeypatch.delenv("PATHLAB_PATH_BWD_TMA", raising=False)
+    assert _use_tma(64, 64, True) and not _use_tma(64, 64, False) and not _use_tma(128, 128, True)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", "1")
+    assert _use_tma(128, 128, False)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", "yes")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_TMA"):
+        _use_tma(64, 64, True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_varlen_packed_sequences(dtype):
     lengths = [1, 15, 60, 16]  # a single token, one short of a chunk, a long one, exactly one chunk
