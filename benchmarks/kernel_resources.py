@@ -96,8 +96,8 @@ def cases(dims):
                     yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'} tma={tma}",
                            _triton_path._path_bwd_kernel,
                            dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
-                                LAMBDA_BF16=lam_bf16, TMA=tma, INTERPRETED=False, NO_ATOMICS=False,
-                                ACQ_REL=False), warps, True)
+                                LAMBDA_BF16=lam_bf16, TMA=tma, PREFETCH=D <= 64, INTERPRETED=False,
+                                NO_ATOMICS=False, ACQ_REL=False), warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4 if D < 128 else 8, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False

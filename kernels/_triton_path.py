@@ -83,9 +83,9 @@ def _path_fwd_kernel(
         v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
-        if m > 0:  # move the queries across chunk m: q ← q − q M_m
-            trans_m = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
-            q = q - tl.dot(ql, trans_m, input_precision=PREC)
+        # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
+        # has no branch and its loads of M can be pipelined)
+        q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
     tl.store(O + ((h * NC + n) * BT + rows[:, None]) * DV + vcol[None, :], o.to(O.dtype.element_ty))
@@ -140,7 +140,8 @@ def _path_bwd_kernel(
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, TMA: tl.constexpr = False,
-    INTERPRETED: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = True, INTERPRETED: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
+    ACQ_REL: tl.constexpr = False,
 ):
     """The tiles are rows of 2-D tensors: QS, DQS ``[H·NC·BT, D]``; KS, DKS ``[Hkv·NC·BT, D]``; V, DVV
     ``[Hkv·NC·BT, DV]``; M, DM ``[Hkv·NC·D, D]``; DO ``[H·NC·BT, DV]``; SD, DSD ``[H·NC·BT, BT]``. With ``TMA``
@@ -150,7 +151,8 @@ def _path_bwd_kernel(
     and the λ scan's reads of it are ordinary stores and loads, ordered by a barrier (a TMA read of data just
     written by ordinary stores would need a proxy fence).
 
-    LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision).
+    LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
+    λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -195,13 +197,16 @@ def _path_bwd_kernel(
             q = q - tl.dot(ql, _load_tile(TMA, M, (hk * NC + first + m) * D, tile_dd, D), input_precision=PREC)
         tl.debug_barrier()  # scratch writes visible to the whole program
 
-        # 2. left to right: λ, and the key-side gradients; the next state is loaded one pair ahead
+        # 2. left to right: λ, and the key-side gradients
         ql_next = tl.load(scratch + tile_d)
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
-            ql = ql_next
-            ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
+            if PREFETCH:
+                ql = ql_next
+                ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
+            else:
+                ql = tl.load(scratch + m * BT * D + tile_d)
             kt = _load_tile(TMA, KS, krow, tile_d, D)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:

@@ -34,21 +34,20 @@ def _num_sms(device) -> int:
     return 2
 
 
-def _launch_config(kind: str, D: int, DV: int, gated: bool = False):
+def _launch_config(kind: str, D: int, DV: int):
     """(num_warps, num_stages, programs per SM, register cap) of the forward ("fwd") or backward ("bwd") kernel.
 
     Defaults were picked on an H200; ``PATHLAB_PATH_FWD="warps,stages"`` and
     ``PATHLAB_PATH_BWD="warps,stages,programs_per_sm[,maxnreg]"`` override them (used by the benchmark's
     ``--tune``). A register cap (Triton's ``maxnreg``; 0 = none) trades spills for more resident programs.
     At D = 128 one backward program of 8 warps takes every register of a multiprocessor, so one per SM
-    (a second waited; its scratch was wasted). The gated backward at D ≤ 64 runs through tensor descriptors
-    (:func:`_use_tma`) with its loads pipelined over 2 stages.
+    (a second waited; its scratch was wasted).
     """
     big = max(D, DV) >= 128
     if kind == "fwd":
         default = (4, 2 if big else 3, 0, 0)
     else:
-        default = (8, 1, 1, 0) if big else (4, 2 if gated else 1, 2, 0)
+        default = (8, 1, 1, 0) if big else (4, 1, 2, 0)
     env = os.environ.get("PATHLAB_PATH_FWD" if kind == "fwd" else "PATHLAB_PATH_BWD")
     if not env:
         return default
@@ -56,20 +55,15 @@ def _launch_config(kind: str, D: int, DV: int, gated: bool = False):
     return tuple(parts + list(default[len(parts):]))
 
 
-TMA_CHOICES = ("auto", "0", "1")
+SWITCH_VALUES = ("auto", "0", "1")
 
 
-def _use_tma(D: int, DV: int, gated: bool) -> bool:
-    """Whether the backward scan reads and sums its tiles through tensor descriptors (TMA) rather than pointers
-    (``PATHLAB_PATH_BWD_TMA`` = ``auto``, ``1`` or ``0``). ``auto``: for the gated kernel at D ≤ 64, where, with
-    2 pipeline stages, PaTH-FoX's fwd+bwd took 7% less time on an H200; the ungated kernel took the same time
-    either way, and D = 128 took 6% more with descriptors."""
-    choice = os.environ.get("PATHLAB_PATH_BWD_TMA") or "auto"
-    if choice not in TMA_CHOICES:
-        raise ValueError(f"PATHLAB_PATH_BWD_TMA must be one of {TMA_CHOICES}, got {choice!r}")
-    if choice == "auto":
-        return gated and max(D, DV) <= 64
-    return choice == "1"
+def _switch(name: str, auto: bool) -> bool:
+    """An on/off setting of the scan from the environment: ``"1"``, ``"0"``, or ``"auto"`` (unset) = ``auto``."""
+    value = os.environ.get(name) or "auto"
+    if value not in SWITCH_VALUES:
+        raise ValueError(f"{name} must be one of {SWITCH_VALUES}, got {value!r}")
+    return auto if value == "auto" else value == "1"
 
 
 def _descriptors(x, block_rows):
@@ -188,11 +182,14 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
-    num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV, has_gate)
+    num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
-    tma = _use_tma(D, DV, has_gate)
+    # Tiles through tensor descriptors (TMA) instead of pointers: PATHLAB_PATH_BWD_TMA=1 (default off). On an
+    # H200 they removed nearly all register spills of the backward at D = 64 but not its time: PaTH took the
+    # same, PaTH-FoX (with 2 pipeline stages) 2-3% more, D = 128 6% more (kernels-h200-tma-fox-defaults.json).
+    tma = _switch("PATHLAB_PATH_BWD_TMA", False)
     if n_items == 0:
         return dqs, dks, dv.to(v.dtype), dm, dsd, dg
     tiles = _descriptors if tma else (lambda x, block_rows: x)
@@ -205,7 +202,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
-        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", TMA=tma, INTERPRETED=interpreting(),
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", TMA=tma,
+        PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64), INTERPRETED=interpreting(),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
