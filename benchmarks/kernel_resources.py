@@ -28,12 +28,6 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16
             "M_SCAN": "*fp16", "SCRATCH": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
-# The backward scan's tensor-descriptor arguments (TMA=True): element type, and the constexprs giving the
-# block's rows and columns.
-DESCRIPTORS = {"QS": ("fp32", "BT", "D"), "KS": ("fp16", "BT", "D"), "V": ("bf16", "BT", "DV"),
-               "M": ("fp16", "D", "D"), "SD": ("fp32", "BT", "BT"), "DO": ("bf16", "BT", "DV"),
-               "DQS": ("fp32", "BT", "D"), "DKS": ("fp32", "BT", "D"), "DVV": ("fp32", "BT", "DV"),
-               "DM": ("fp32", "D", "D"), "DSD": ("fp32", "BT", "BT")}
 
 
 def signature(kernel, constexprs, scan: bool):
@@ -43,9 +37,6 @@ def signature(kernel, constexprs, scan: bool):
         name = p.name
         if p.is_constexpr or name in constexprs:
             sig[name] = "constexpr"
-        elif constexprs.get("TMA") and name in DESCRIPTORS:
-            dtype, rows, cols = DESCRIPTORS[name]
-            sig[name] = f"tensordesc<{dtype}[{constexprs[rows]}, {constexprs[cols]}]>"
         elif name.isupper() and name not in INTEGERS:
             key = f"{name}_SCAN" if scan and name in ("KS", "M") else name
             sig[name] = POINTERS.get(key, "*fp32")
@@ -91,13 +82,13 @@ def cases(dims):
 
     for D in dims:
         for gate in (False, True):
-            for lam_bf16, tma in ((True, False), (True, True), (False, False)):  # λ on bf16 operands (the
-                for warps in (4, 8):  # GPU default) or tf32; tiles through pointers or tensor descriptors
-                    yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'} tma={tma}",
+            for lam_bf16 in (True, False):  # λ's products on bf16 operands (the GPU default) or tf32
+                for warps in (4, 8):
+                    yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'}",
                            _triton_path._path_bwd_kernel,
                            dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
-                                LAMBDA_BF16=lam_bf16, TMA=tma, PREFETCH=D <= 64, INTERPRETED=False,
-                                NO_ATOMICS=False, ACQ_REL=False), warps, True)
+                                LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False),
+                           warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4 if D < 128 else 8, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False

@@ -93,43 +93,17 @@ def _path_fwd_kernel(
 
 
 @triton.jit
-def _load_tile(TMA: tl.constexpr, X, row, tile, COLS: tl.constexpr):
-    """Rows ``row … row + R`` of the 2-D ``[·, COLS]`` tensor X: through a tensor descriptor (TMA on Hopper,
-    its block ``[R, COLS]``) or through a pointer and the tile's offsets ``tile [R, COLS]``."""
-    if TMA:
-        return X.load([row.to(tl.int32), 0])
-    else:
-        return tl.load(X + row * COLS + tile)
-
-
-@triton.jit
-def _store_tile(TMA: tl.constexpr, X, row, tile, COLS: tl.constexpr, val):
-    """The store of :func:`_load_tile`."""
-    if TMA:
-        X.store([row.to(tl.int32), 0], val)
-    else:
-        tl.store(X + row * COLS + tile, val)
-
-
-@triton.jit
-def _reduce_tile(TMA: tl.constexpr, INTERPRETED: tl.constexpr, NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr,
-                 X, row, tile, COLS: tl.constexpr, val):
-    """X[row : row + R] += val from many programs at once: a TMA reduction, or fp32 atomics. The sums are read
-    only after the kernel ends, so the atomics need no ordering: "relaxed" lets them retire without the memory
-    fences of Triton's default "acq_rel" (``ACQ_REL`` keeps the default, for the side-by-side measurement;
-    ``NO_ATOMICS``, for profiling only, stores instead: wrong sums). The interpreter has no descriptor
-    reductions, but it runs one program at a time, so a load, add and store is the same sum there."""
-    if TMA:
-        if INTERPRETED:
-            X.store([row.to(tl.int32), 0], X.load([row.to(tl.int32), 0]) + val)
-        else:
-            X.atomic_add([row.to(tl.int32), 0], val)
-    elif NO_ATOMICS:
-        tl.store(X + row * COLS + tile, val)
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
+    """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
+    no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
+    (``ACQ_REL`` keeps the default, for the side-by-side measurement; ``NO_ATOMICS``, for profiling only,
+    stores instead: wrong sums)."""
+    if NO_ATOMICS:
+        tl.store(ptr, val)
     elif ACQ_REL:
-        tl.atomic_add(X + row * COLS + tile, val)
+        tl.atomic_add(ptr, val)
     else:
-        tl.atomic_add(X + row * COLS + tile, val, sem="relaxed")
+        tl.atomic_add(ptr, val, sem="relaxed")
 
 
 @triton.jit
@@ -139,28 +113,19 @@ def _path_bwd_kernel(
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, TMA: tl.constexpr = False,
-    PREFETCH: tl.constexpr = True, INTERPRETED: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False,
-    ACQ_REL: tl.constexpr = False,
+    PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
+    NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
 ):
-    """The tiles are rows of 2-D tensors: QS, DQS ``[H·NC·BT, D]``; KS, DKS ``[Hkv·NC·BT, D]``; V, DVV
-    ``[Hkv·NC·BT, DV]``; M, DM ``[Hkv·NC·D, D]``; DO ``[H·NC·BT, DV]``; SD, DSD ``[H·NC·BT, BT]``. With ``TMA``
-    they are tensor descriptors (32-bit row coordinates: fewer than 2³¹ rows), loaded by the TMA unit and
-    summed by TMA reductions, so no tile of addresses lives in registers and the loads can be pipelined
-    (``num_stages``); else pointers, summed by fp32 atomics. SCRATCH is always a pointer: the replay's writes
-    and the λ scan's reads of it are ordinary stores and loads, ordered by a barrier (a TMA read of data just
-    written by ordinary stores would need a proxy fence).
-
-    LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
-    λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden.
-    """
+    """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
+    λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
+    (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
     dcol = tl.arange(0, D)
     vcol = tl.arange(0, DV)
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
-    gradp = DO.dtype if TMA else DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype)
+    gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
     tile_v = rows[:, None] * DV + vcol[None, :]
     tile_s = rows[:, None] * BT + rows[None, :]
@@ -174,7 +139,7 @@ def _path_bwd_kernel(
         c = tl.load(CHUNK_INDEX + n)
         first = tl.load(CHUNK_FIRST + n).to(tl.int64)
         qrow = (h * NC + n) * BT
-        do = _load_tile(TMA, DO, qrow, tile_v, DV)
+        do = tl.load(DO + qrow * DV + tile_v)
         lse = tl.load(LSE + qrow + rows)
         delta = tl.load(DELTA + qrow + rows)
         dg_row = tl.zeros([BT], dtype=tl.float32)
@@ -185,7 +150,7 @@ def _path_bwd_kernel(
             gq = dg_row
             go_c = 0.0
         lam = tl.zeros([BT, D], dtype=tl.float32)
-        q = _load_tile(TMA, QS, qrow, tile_d, D)
+        q = tl.load(QS + qrow * D + tile_d)
 
         # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch.
         # (At m = 0 the carried state is not needed; computing it anyway keeps the loop free of branches, so
@@ -194,7 +159,7 @@ def _path_bwd_kernel(
             m = c - 1 - mm
             ql = q.to(lowp)
             tl.store(scratch + m * BT * D + tile_d, ql)
-            q = q - tl.dot(ql, _load_tile(TMA, M, (hk * NC + first + m) * D, tile_dd, D), input_precision=PREC)
+            q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
         tl.debug_barrier()  # scratch writes visible to the whole program
 
         # 2. left to right: λ, and the key-side gradients
@@ -207,27 +172,27 @@ def _path_bwd_kernel(
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
             else:
                 ql = tl.load(scratch + m * BT * D + tile_d)
-            kt = _load_tile(TMA, KS, krow, tile_d, D)
+            kt = tl.load(KS + krow * D + tile_d)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:
                 gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
                 shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
                 s += gq[:, None] - gk[None, :] + shift
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(_load_tile(TMA, V, krow, tile_v, DV)), input_precision=PREC)
+            dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DVV, krow, tile_v, DV,
-                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + krow * DV + tile_v,
+                        tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
-            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DKS, krow, tile_d, D,
-                         tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+            _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
+                        tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
             if HAS_GATE:
                 dg_row += tl.sum(ds, 1)
-                tl.atomic_add(DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0), sem="relaxed")
+                _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
             # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
             # products vanish: no branch, as above)
             mrow = (hk * NC + kn) * D
-            mt = _load_tile(TMA, M, mrow, tile_dd, D)
+            mt = tl.load(M + mrow * D + tile_dd)
             if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
                 lam_l = lam.to(tl.bfloat16)
                 dm = -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l)
@@ -235,23 +200,23 @@ def _path_bwd_kernel(
             else:
                 dm = -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32)
                 lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
-            _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DM, mrow, tile_dd, D, dm)
+            _accumulate(NO_ATOMICS, ACQ_REL, DM + mrow * D + tile_dd, dm)
             lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
 
         # 3. the diagonal block (intra-chunk logits S_d)
-        s = _load_tile(TMA, SD, qrow, tile_s, BT) * scale_log2
+        s = tl.load(SD + qrow * BT + tile_s) * scale_log2
         if HAS_GATE:
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
         crow = (hk * NC + n) * BT
-        dp = tl.dot(do, tl.trans(_load_tile(TMA, V, crow, tile_v, DV)), input_precision=PREC)
+        dp = tl.dot(do, tl.trans(tl.load(V + crow * DV + tile_v)), input_precision=PREC)
         ds = p * (dp - delta[:, None])
-        _store_tile(TMA, DSD, qrow, tile_s, BT, ds * scale)
-        _reduce_tile(TMA, INTERPRETED, NO_ATOMICS, ACQ_REL, DVV, crow, tile_v, DV,
-                     tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
-        _store_tile(TMA, DQS, qrow, tile_d, D, lam)
+        tl.store(DSD + qrow * BT + tile_s, ds * scale)
+        _accumulate(NO_ATOMICS, ACQ_REL, DVV + crow * DV + tile_v,
+                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)
-            tl.atomic_add(DG + qrow + rows, dg_row - tl.sum(ds, 0), sem="relaxed")
+            _accumulate(NO_ATOMICS, ACQ_REL, DG + qrow + rows, dg_row - tl.sum(ds, 0))
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

@@ -66,13 +66,6 @@ def _switch(name: str, auto: bool) -> bool:
     return auto if value == "auto" else value == "1"
 
 
-def _descriptors(x, block_rows):
-    """A 2-D tensor descriptor of contiguous ``x [..., C]`` viewed as ``[rows, C]``, block ``[block_rows, C]``."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [block_rows, x.shape[-1]])
-
-
 def _register_cap(maxnreg: int) -> dict:
     """Launch keyword for a register cap (none when 0)."""
     return {"maxnreg": maxnreg} if maxnreg else {}
@@ -186,24 +179,18 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
-    # Tiles through tensor descriptors (TMA) instead of pointers: PATHLAB_PATH_BWD_TMA=1 (default off). On an
-    # H200 they removed nearly all register spills of the backward at D = 64 but not its time: PaTH took the
-    # same, PaTH-FoX (with 2 pipeline stages) 2-3% more, D = 128 6% more (kernels-h200-tma-fox-defaults.json).
-    tma = _switch("PATHLAB_PATH_BWD_TMA", False)
-    if n_items == 0:
-        return dqs, dks, dv.to(v.dtype), dm, dsd, dg
-    tiles = _descriptors if tma else (lambda x, block_rows: x)
     _path_bwd_kernel[(programs,)](
-        tiles(qs, BT), tiles(ks_l, BT), tiles(v, BT), tiles(m_l, D), tiles(sd, BT),
-        gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-        tiles(do, BT), lse, delta,
-        tiles(dqs, BT), tiles(dks, BT), tiles(dv, BT), tiles(dm, D), tiles(dsd, BT), dg if has_gate else dqs, scratch,
+        qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
+        do, lse, delta,
+        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
-        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16", TMA=tma,
-        PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64), INTERPRETED=interpreting(),
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
+        # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
+        # less time at D = 64 and 2% more at D = 128 (benchmarks/results/kernels-h200-prefetch.json)
+        PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",

@@ -95,32 +95,33 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
 
 
-@pytest.mark.parametrize("tma", ["0", "1"], ids=["pointers-no-prefetch", "descriptors-prefetch"])
+@pytest.mark.parametrize("prefetch", ["0", "1"], ids=["no-prefetch", "prefetch"])
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 2, 7)])
-def test_backward_through_pointers_and_descriptors(monkeypatch, tma, B, T, H, Hkv, D, DV, dtype, gate,
-                                                   beta_range, block):
-    """Both ways of the backward scan to its tiles (``PATHLAB_PATH_BWD_TMA``, default pointers), on gated and
-    ungated inputs; the carried state prefetched one pair ahead or not (``PATHLAB_PATH_BWD_PREFETCH``)."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", tma)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", tma)  # both settings of each, with fewer cases
+def test_backward_with_and_without_prefetch(monkeypatch, prefetch, B, T, H, Hkv, D, DV, dtype, gate, beta_range,
+                                            block):
+    """The λ scan loading the next carried state one pair ahead or not (``PATHLAB_PATH_BWD_PREFETCH``; on by
+    default at D ≤ 64, off at D = 128), on gated and ungated inputs."""
+    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", prefetch)
     inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
-def test_scan_switches(monkeypatch):
-    """The backward's on/off settings: unset or ``auto`` gives the default, ``1``/``0`` force it, anything else
-    is a clear error."""
+def test_scan_switch(monkeypatch):
+    """An on/off setting of the scan: unset or ``auto`` gives the default, ``1``/``0`` force it, anything else is
+    a clear error."""
     from pathlab.kernels.path import _switch
 
-    monkeypatch.delenv("PATHLAB_PATH_BWD_TMA", raising=False)
-    assert _switch("PATHLAB_PATH_BWD_TMA", False) is False
-    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", "1")
-    assert _switch("PATHLAB_PATH_BWD_TMA", False) is True
+    monkeypatch.delenv("PATHLAB_PATH_BWD_PREFETCH", raising=False)
+    assert _switch("PATHLAB_PATH_BWD_PREFETCH", True) is True
+    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "auto")
+    assert _switch("PATHLAB_PATH_BWD_PREFETCH", False) is False
     monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "0")
     assert _switch("PATHLAB_PATH_BWD_PREFETCH", True) is False
-    monkeypatch.setenv("PATHLAB_PATH_BWD_TMA", "yes")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_TMA"):
-        _switch("PATHLAB_PATH_BWD_TMA", False)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "1")
+    assert _switch("PATHLAB_PATH_BWD_PREFETCH", False) is True
+    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "yes")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_PREFETCH"):
+        _switch("PATHLAB_PATH_BWD_PREFETCH", True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
