@@ -90,7 +90,7 @@ def cases(dims):
                                 LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False),
                            warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
-                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4 if D < 128 else 8, True)
+                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
         for name in ("_ut_fwd_kernel", "_ut_bwd_heads_kernel"):
             yield (f"{name.strip('_')} D{D}", getattr(_triton_ut, name), dict(GROUP=1, BT=64, D=D),
