@@ -109,3 +109,23 @@ def test_kernel_resources_builds_for_sm90_without_a_gpu(tmp_path):
     assert row["kernel"] == "ut_inverse D16" and "error" not in row, row
     assert 0 < row["registers"] <= 255 and row["spill_store_bytes"] is not None
     assert row["shared_bytes"] > 0 and row["mma_sync"] > 0 and row["bar_sync"] >= 3 and row["red"] == row["atom"] == 0
+
+
+def test_ncu_top_stalls_ranks_instructions_by_stall_samples(tmp_path):
+    """The stall summary of an Nsight Compute source page (CSV): instructions by their share of all samples, with
+    their main stall reasons and the instruction before each."""
+    spec = importlib.util.spec_from_file_location(
+        "ncu_top_stalls", pathlib.Path(__file__).parents[1] / "benchmarks" / "ncu_top_stalls.py")
+    ncu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ncu)
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb", "stall_wait",
+              "stall_long_sb (Not Issued)"]
+    rows = [["0x0", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR17]", "10", "0", "10", "0"],
+            ["0x10", "@!P0 BRA 0x0", "70", "63", "7", "60"],
+            ["0x20", "HGMMA.64x64x16.F32", "20", "", "20", "0"]]
+    path = tmp_path / "sass.csv"
+    path.write_text('"Kernel Name","k",\n' + "\n".join(",".join(f'"{x}"' for x in r) for r in [header] + rows))
+    lines = ncu.top_stalls(path, top=2)
+    assert lines[0] == "3 instructions, 100 stall samples"
+    assert lines[1].startswith(" 70.0%  [long_sb 90%, wait 10%]  @!P0 BRA 0x0") and "TRYWAIT" in lines[1]
+    assert lines[2].startswith(" 20.0%  [wait 100%]  HGMMA") and len(lines) == 3
