@@ -92,11 +92,17 @@ def cases(dims):
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
-        for name in ("_ut_fwd_kernel", "_ut_bwd_heads_kernel"):
-            yield (f"{name.strip('_')} D{D}", getattr(_triton_ut, name), dict(GROUP=1, BT=64, D=D),
+        yield f"ut_fwd_kernel D{D}", _triton_ut._ut_fwd_kernel, dict(GROUP=1, BT=64, D=D), _triton_ut._NUM_WARPS, False
+        for split in (False, True):  # the backward in two kernels, or split in four (the default at D = 128)
+            tag = f"D{D} split={split}"
+            yield (f"ut_bwd_heads_kernel {tag}", _triton_ut._ut_bwd_heads_kernel,
+                   dict(GROUP=1, BT=64, D=D, SPLIT=split), _triton_ut._NUM_WARPS, False)
+            yield (f"ut_bwd_chunk_kernel {tag}", _triton_ut._ut_bwd_chunk_kernel, dict(BT=64, D=D, SPLIT=split),
                    _triton_ut._NUM_WARPS, False)
-        yield (f"ut_bwd_chunk_kernel D{D}", _triton_ut._ut_bwd_chunk_kernel, dict(BT=64, D=D), _triton_ut._NUM_WARPS,
-               False)
+        for name in ("_ut_bwd_end_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):  # the split form's others
+            kernel = getattr(_triton_ut, name)
+            constexprs = dict(BT=64, D=D, **({"GROUP": 1} if "GROUP" in [p.name for p in kernel.params] else {}))
+            yield f"{name.strip('_')} D{D}", kernel, constexprs, _triton_ut._NUM_WARPS, False
 
 
 def main(argv=None):

@@ -21,3 +21,14 @@ def unwritten(shape, *, dtype, device) -> torch.Tensor:
     if interpreting() or debug_enabled():
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+SWITCH_VALUES = ("auto", "0", "1")
+
+
+def switch(name: str, auto: bool) -> bool:
+    """An on/off setting of the kernels from the environment: ``"1"``, ``"0"``, or ``"auto"`` (unset) = ``auto``."""
+    value = os.environ.get(name) or "auto"
+    if value not in SWITCH_VALUES:
+        raise ValueError(f"{name} must be one of {SWITCH_VALUES}, got {value!r}")
+    return auto if value == "auto" else value == "1"

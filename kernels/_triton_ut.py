@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ._layout import slot_tokens
-from ._mode import unwritten
+from ._mode import switch, unwritten
 
 # W Wᵀ, which feeds the inverse, takes a 3-pass tf32 product (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
 # tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), and the inverse itself multiplies
@@ -189,64 +189,149 @@ def _ut_fwd_kernel(
 
 
 @triton.jit
-def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
-):
-    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
-    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
-    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    dk_end = tl.load(DKS + chunk)
-    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
+def _end_gradients(w, u, x, dk_end, dm):
+    """The paths through k̃ = K − Xᵀ W and M = Wᵀ U: (dU, dX, dK, dW) so far."""
     du = tl.dot(w, dm, input_precision=PRECISION)  # M = Wᵀ U
     dw = tl.dot(u, tl.trans(dm), input_precision=PRECISION)
     dx = -tl.dot(w, tl.trans(dk_end), input_precision=PRECISION)  # k̃ = K − Xᵀ W
     dw -= tl.dot(x, dk_end, input_precision=PRECISION)
-    dk = dk_end
+    return du, dx, dk_end, dw
+
+
+@triton.jit
+def _ut_bwd_end_kernel(
+    K, W, BETA, TOK, AINV, DKS, DM, DU, DX, DKP, DWP, US, XS, NC, T, NTOK,
+    sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
+    ``_ut_bwd_heads_kernel`` (with ``SPLIT``) completes, and U, X for it; its own kernel so that no program
+    holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
+    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
+    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    tl.store(US + chunk, u)
+    tl.store(XS + square, x)
+    tl.store(DU + chunk, du)
+    tl.store(DX + square, dx)
+    tl.store(DKP + chunk, dk)
+    tl.store(DWP + chunk, dw)
+
+
+@triton.jit
+def _query_head_dq(dq_start, ds, u, x, k, w, lower):
+    """One query head's dQ (final) and dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ)."""
+    dqw = -(tl.dot(dq_start, tl.trans(u), input_precision=PRECISION)
+            + tl.dot(ds, tl.trans(x), input_precision=PRECISION))
+    dqw = tl.where(lower, dqw, 0.0)
+    dq = dq_start + tl.dot(ds, k, input_precision=PRECISION) + tl.dot(dqw, w, input_precision=PRECISION)
+    return dq, dqw
+
+
+@triton.jit
+def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw):
+    """One query head's terms of dU, dX, dK and dW (the sums over the group)."""
+    qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
+    du -= tl.dot(tl.trans(qw), dq_start, input_precision=PRECISION)
+    dx -= tl.dot(tl.trans(qw), ds, input_precision=PRECISION)
+    dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+    dw += tl.dot(tl.trans(dqw), q, input_precision=PRECISION)
+    return du, dx, dk, dw
+
+
+@triton.jit
+def _ut_bwd_heads_kernel(
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, US, XS, DQW, NC, T, NTOK,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``.
+
+    With ``SPLIT`` only dq: U and X come from ``US``, ``XS`` (``_ut_bwd_end_kernel``), and each head's dQ_W goes
+    to ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``, which forms the sums."""
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    if SPLIT:
+        u, x = tl.load(US + chunk), tl.load(XS + square)
+    else:
+        ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+        dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
+        du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
         h = hk * GROUP + gi
-        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
         qrow = (h * NC + n) * BT + rows[:, None]
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
         ds = tl.load(DSD + qrow * BT + rows[None, :])
-        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
-        dqw = -(tl.dot(dq_start, tl.trans(u), input_precision=PRECISION)
-                + tl.dot(ds, tl.trans(x), input_precision=PRECISION))
-        dqw = tl.where(lower, dqw, 0.0)
-        dq = dq_start + tl.dot(ds, k, input_precision=PRECISION) + tl.dot(dqw, w, input_precision=PRECISION)
+        dq, dqw = _query_head_dq(dq_start, ds, u, x, k, w, lower)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
-        du -= tl.dot(tl.trans(qw), dq_start, input_precision=PRECISION)
-        dx -= tl.dot(tl.trans(qw), ds, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-        dw += tl.dot(tl.trans(dqw), q, input_precision=PRECISION)
+        if SPLIT:
+            tl.store(DQW + qrow * BT + rows[None, :], dqw)
+        else:
+            q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
+            du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
+    if not SPLIT:
+        tl.store(DU + chunk, du)
+        tl.store(DX + square, dx)
+        tl.store(DKP + chunk, dk)
+        tl.store(DWP + chunk, dw)
+
+
+@triton.jit
+def _ut_bwd_sums_kernel(
+    Q, W, BETA, TOK, DQS, DSD, DQW, DU, DX, DKP, DWP, NC, T, NTOK,
+    sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, split form: :func:`_query_head_sums` over the group, added to the scratch that
+    ``_ut_bwd_end_kernel`` wrote."""
+    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    du, dx, dk, dw = tl.load(DU + chunk), tl.load(DX + square), tl.load(DKP + chunk), tl.load(DWP + chunk)
+    lower = rows[:, None] >= rows[None, :]
+    for gi in range(GROUP):
+        h = hk * GROUP + gi
+        qrow = (h * NC + n) * BT + rows[:, None]
+        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
+        dq_start = tl.load(DQS + qrow * D + dcol[None, :])
+        ds = tl.load(DSD + qrow * BT + rows[None, :])
+        dqw = tl.load(DQW + qrow * BT + rows[None, :])
+        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
     tl.store(DU + chunk, du)
-    tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
+    tl.store(DX + square, dx)
     tl.store(DKP + chunk, dk)
     tl.store(DWP + chunk, dw)
 
 
 @triton.jit
 def _ut_bwd_chunk_kernel(
-    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, NC, T, NTOK,
+    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, DAD, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Backward, second half: from dU, dX and the partial dk, dw, the paths through U = A D_β W,
-    X = A D_β strictLower(W Kᵀ), the inverse and the normalisation; writes dk, dw and dβ in the token layout."""
+    X = A D_β strictLower(W Kᵀ), the inverse and the normalisation; writes dk, dw and dβ in the token layout.
+    With ``SPLIT`` it stops after writing dk, with d(A D_β) in ``DAD`` and dw so far in ``DWP``, for
+    ``_ut_bwd_inverse_kernel``."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     strict = rows[:, None] > rows[None, :]
     ad = a * b[None, :]
     wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     du = tl.load(DU + chunk)
-    dx = tl.load(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :])
+    dx = tl.load(DX + square)
     dk = tl.load(DKP + chunk)
     dw = tl.load(DWP + chunk)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
@@ -255,7 +340,22 @@ def _ut_bwd_chunk_kernel(
     dwk = tl.where(strict, tl.dot(tl.trans(ad), dx, input_precision=PRECISION), 0.0)
     dw += tl.dot(dwk, k, input_precision=PRECISION)
     dk += tl.dot(tl.trans(dwk), w, input_precision=PRECISION)
-    # A D_β, then A = (I + N)⁻¹ and N = strictLower(D_β W Wᵀ)
+    HKV = tl.num_programs(1)
+    tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
+    if SPLIT:
+        tl.store(DAD + square, dad)
+        tl.store(DWP + chunk, dw)
+    else:
+        _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D)
+
+
+@triton.jit
+def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA,
+                                BT: tl.constexpr, D: tl.constexpr):
+    """From d(A D_β) and dw so far: the paths through A D_β, A = (I + N)⁻¹, N = strictLower(D_β W Wᵀ) and
+    the normalisation of w; stores dw and dβ in the token layout."""
+    rows = tl.arange(0, BT)
+    strict = rows[:, None] > rows[None, :]
     da = dad * b[None, :]
     db = tl.sum(a * dad, axis=0)
     at = tl.trans(a)
@@ -268,9 +368,24 @@ def _ut_bwd_chunk_kernel(
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
     HKV = tl.num_programs(1)
-    tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     tl.store(DW + (tok[:, None] * HKV + hk) * D + dcol[None, :], dw, mask=valid[:, None])
     tl.store(DBETA + tok * HKV + hk, db, mask=valid)
+
+
+@triton.jit
+def _ut_bwd_inverse_kernel(
+    W, BETA, TOK, AINV, DAD, DWP, DW, DBETA, NC, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, split form, last part: ``_inverse_and_norm_gradients`` from the d(A D_β) and dw that
+    ``_ut_bwd_chunk_kernel`` (with ``SPLIT``) left in scratch."""
+    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    a = tl.load(AINV + square)
+    dad = tl.load(DAD + square)
+    dw = tl.load(DWP + ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :])
+    _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -292,6 +407,16 @@ def _launch(kernel, grid, *args, BT, D, num_warps=_NUM_WARPS, **meta):
         raise RuntimeError(
             f"the fused UT kernels do not fit this GPU for head dim {D}{group} and block size {BT} ({err}); "
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
+
+
+def split_backward(D):
+    """Whether the UT backward runs split in five kernels instead of two (``PATHLAB_PATH_UT_SPLIT``: auto, 0, 1).
+
+    ``auto`` splits at D > 64: at D = 128 the two-kernel form needs more shared memory than an H200 has (368 KiB
+    for the heads kernel, which holds dM's D×D tile beside the query heads' tiles); split, the largest takes
+    224 KiB (``benchmarks/kernel_resources.py``). dU, dX, dk, dw, U, X, each head's dQ_W and d(A D_β) pass
+    between the kernels through fp32 scratch."""
+    return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
 def _inverse(w, beta, tokens, T, BT, out=None):
@@ -371,10 +496,23 @@ def ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a=None):
         du, dk_part, dw_part = (torch.empty((Hkv, NC, BT, D), **f32) for _ in range(3))
         dx = torch.empty((Hkv, NC, BT, BT), **f32)
         strides = _strides(q, k, w, beta)
+        split = split_backward(D)
+        # the split form's scratch: U, X (dU's and dX's shapes), and d(A D_β), which can take X's place
+        us, xs = (torch.empty_like(du), torch.empty_like(dx)) if split else (du, dx)
+        if split:
+            _launch(_ut_bwd_end_kernel, (NC, Hkv), k, w, beta, tokens, a, grads[1], grads[2], du, dx, dk_part,
+                    dw_part, us, xs, NC, T, B * T, *strides[3:], BT=BT, D=D)
+        dqw = torch.empty((H, NC, BT, BT), **f32) if split else dx  # each query head's dQ_W, split form only
         _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, *grads, dq, du, dx, dk_part, dw_part,
-                NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D)
+                us, xs, dqw, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, SPLIT=split)
+        if split:
+            _launch(_ut_bwd_sums_kernel, (NC, Hkv), q, w, beta, tokens, grads[0], grads[3], dqw, du, dx, dk_part,
+                    dw_part, NC, T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D)
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
-                NC, T, B * T, *strides[3:], BT=BT, D=D)
+                xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split)
+        if split:
+            _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
+                    *strides[6:], BT=BT, D=D)
     return dq, dk, dw, dbeta
 
 

@@ -21,7 +21,7 @@ import os
 import torch
 
 from ._layout import build_layout, chunk_gate, from_chunks, slot_tokens, to_chunks
-from ._mode import interpreting, unwritten
+from ._mode import interpreting, switch as _switch, unwritten
 from ._ut import ut_factors
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -53,17 +53,6 @@ def _launch_config(kind: str, D: int, DV: int):
         return default
     parts = [int(x) for x in env.split(",")]
     return tuple(parts + list(default[len(parts):]))
-
-
-SWITCH_VALUES = ("auto", "0", "1")
-
-
-def _switch(name: str, auto: bool) -> bool:
-    """An on/off setting of the scan from the environment: ``"1"``, ``"0"``, or ``"auto"`` (unset) = ``auto``."""
-    value = os.environ.get(name) or "auto"
-    if value not in SWITCH_VALUES:
-        raise ValueError(f"{name} must be one of {SWITCH_VALUES}, got {value!r}")
-    return auto if value == "auto" else value == "1"
 
 
 def _register_cap(maxnreg: int) -> dict:

@@ -73,11 +73,20 @@ def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
     _check_bf16_against_oracle(4096, "torch", gate, "lambda=tf32")
 
 
-def _check_bf16_against_oracle(T, oracle, gate, label):
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+@pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
+def test_bf16_fused_ut_at_head_dim_128(gate, ut, monkeypatch):
+    """At D = 128 the fused UT backward runs split in five kernels (the two-kernel form needs more shared memory
+    than an H200 has)."""
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
+    _check_bf16_against_oracle(4096, "torch", gate, f"ut={ut} D=128", D=128)
+
+
+def _check_bf16_against_oracle(T, oracle, gate, label, D=64):
     import pathlab
     from pathlab.reference import path_attention as reference
 
-    H, Hkv, D = (4, 2, 64) if T <= 4096 else (2, 1, 64)
+    H, Hkv = (4, 2) if T <= 4096 else (2, 1)
     leaves, do, fast = bf16_case(T, H, Hkv, D, gate)
 
     def slow(*xs):
@@ -95,11 +104,10 @@ def _check_bf16_against_oracle(T, oracle, gate, label):
         assert e <= TOL[n], f"{n}: relative RMS error {e:.3g} > {TOL[n]} (all: {errs})"
 
 
-@pytest.mark.parametrize("ut, D", [("torch", 128), ("triton", 64), ("triton_saved", 64)],
-                         ids=["ut-torch-D128", "ut-triton-D64", "ut-triton-saved-D64"])
+@pytest.mark.parametrize("ut, D", [("torch", 128), ("triton", 64), ("triton_saved", 64), ("triton", 128)],
+                         ids=["ut-torch-D128", "ut-triton-D64", "ut-triton-saved-D64", "ut-triton-D128"])
 def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
-    """65,536 tokens, β near 2: finite output and gradients. The fused UT kernels run at D = 64: at D = 128 they
-    do not fit an H200's shared memory (the next test)."""
+    """65,536 tokens, β near 2: finite output and gradients (at D = 128 the fused UT backward runs split)."""
     import pathlab
 
     monkeypatch.setenv("PATHLAB_PATH_UT", ut)
@@ -113,12 +121,13 @@ def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
         assert torch.isfinite(t.grad).all(), f"d{name} has NaN/inf"
 
 
-def test_fused_ut_at_head_dim_128_says_it_does_not_fit():
-    """The fused UT backward needs more shared memory than an H200 has at D = 128 (the forward fits): a clear
-    error naming the way out, not a raw Triton exception. (If a GPU ever fits it, this test fails and the
-    limitation can go.)"""
+def test_two_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit(monkeypatch):
+    """Forced back to two kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``), the fused UT backward needs more
+    shared memory than an H200 has: a clear error naming the way out, not a raw Triton exception. (If a GPU ever
+    fits it, this test fails and the split default can be revisited.)"""
     from pathlab.kernels import path_attention_triton
 
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "0")
     q, k, v, w, beta = (t.requires_grad_() for t in inputs(1, 256, 2, 2, 128, gate=False)[:5])
     o = path_attention_triton(q, k, v, w, beta, ut="triton")
     assert torch.isfinite(o).all()

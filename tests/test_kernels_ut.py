@@ -79,13 +79,31 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", CASES)
-def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range):
+def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, split, monkeypatch):
+    """Both forms of the backward: two kernels (the default at D ≤ 64) and split in five (the default at D = 128,
+    where the two do not fit an H200's shared memory)."""
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare(inputs, build_layout(B, T, BT, "cpu"))
 
 
-def test_packed_sequences():
+def test_split_backward_by_head_dim(monkeypatch):
+    from pathlab.kernels._triton_ut import split_backward
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_SPLIT", raising=False)
+    assert [split_backward(d) for d in (16, 32, 64, 128)] == [False, False, False, True]
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "1")
+    assert split_backward(16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "yes")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_SPLIT must be one of"):
+        split_backward(16)
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+def test_packed_sequences(split, monkeypatch):
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
     lengths = [1, 15, 40, 16]  # one token, one short of a chunk, a long one, exactly one chunk
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = token_inputs(1, sum(lengths), 4, 2, 16, (0.0, 2.0), seed=5)
