@@ -77,7 +77,7 @@ def resources(kernel, constexprs, num_warps, num_stages=1, scan=False):
                 mma_sync=ptx.count("mma.sync"), wgmma=ptx.count("wgmma.mma_async"))
 
 
-def cases(dims):
+def cases(dims, GROUP=1):
     from pathlab.kernels import _triton_path, _triton_ut
 
     for D in dims:
@@ -92,22 +92,23 @@ def cases(dims):
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
-        yield f"ut_fwd_kernel D{D}", _triton_ut._ut_fwd_kernel, dict(GROUP=1, BT=64, D=D), _triton_ut._NUM_WARPS, False
-        for split in (False, True):  # the backward in two kernels, or split in four (the default at D = 128)
-            tag = f"D{D} split={split}"
-            yield (f"ut_bwd_heads_kernel {tag}", _triton_ut._ut_bwd_heads_kernel,
-                   dict(GROUP=1, BT=64, D=D, SPLIT=split), _triton_ut._NUM_WARPS, False)
-            yield (f"ut_bwd_chunk_kernel {tag}", _triton_ut._ut_bwd_chunk_kernel, dict(BT=64, D=D, SPLIT=split),
-                   _triton_ut._NUM_WARPS, False)
-        for name in ("_ut_bwd_end_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):  # the split form's others
+        yield f"ut_fwd_kernel D{D}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D), _triton_ut._NUM_WARPS, False
+        # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
+        yield (f"ut_bwd_heads_kernel D{D}", _triton_ut._ut_bwd_heads_kernel, dict(GROUP=GROUP, BT=64, D=D),
+               _triton_ut._NUM_WARPS, False)
+        for split in (False, True):
+            yield (f"ut_bwd_chunk_kernel D{D} split={split}", _triton_ut._ut_bwd_chunk_kernel,
+                   dict(BT=64, D=D, SPLIT=split), _triton_ut._NUM_WARPS, False)
+        for name in ("_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):
             kernel = getattr(_triton_ut, name)
-            constexprs = dict(BT=64, D=D, **({"GROUP": 1} if "GROUP" in [p.name for p in kernel.params] else {}))
+            constexprs = dict(BT=64, D=D, **({"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}))
             yield f"{name.strip('_')} D{D}", kernel, constexprs, _triton_ut._NUM_WARPS, False
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", default="64,128", help="comma list of head dims")
+    ap.add_argument("--group", type=int, default=1, help="query heads per kv head of the UT kernels")
     ap.add_argument("--only", default="", help="build only the kernels whose label contains this text")
     ap.add_argument("--out", default=None, help="JSON result file")
     args = ap.parse_args(argv)
@@ -116,7 +117,7 @@ def main(argv=None):
     if interpreting():
         raise SystemExit("kernel_resources builds GPU code: run it without TRITON_INTERPRET")
     rows = []
-    for label, kernel, constexprs, warps, scan in cases([int(d) for d in args.dims.split(",")]):
+    for label, kernel, constexprs, warps, scan in cases([int(d) for d in args.dims.split(",")], args.group):
         if args.only not in label:
             continue
         try:

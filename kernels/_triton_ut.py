@@ -245,25 +245,18 @@ def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw):
 
 @triton.jit
 def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, US, XS, DQW, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``.
-
-    With ``SPLIT`` only dq: U and X come from ``US``, ``XS`` (``_ut_bwd_end_kernel``), and each head's dQ_W goes
-    to ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``, which forms the sums."""
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    if SPLIT:
-        u, x = tl.load(US + chunk), tl.load(XS + square)
-    else:
-        ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
-        dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-        du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
+    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
+    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -273,44 +266,74 @@ def _ut_bwd_heads_kernel(
         ds = tl.load(DSD + qrow * BT + rows[None, :])
         dq, dqw = _query_head_dq(dq_start, ds, u, x, k, w, lower)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
-        if SPLIT:
-            tl.store(DQW + qrow * BT + rows[None, :], dqw)
-        else:
-            q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-            du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
-    if not SPLIT:
-        tl.store(DU + chunk, du)
-        tl.store(DX + square, dx)
-        tl.store(DKP + chunk, dk)
-        tl.store(DWP + chunk, dw)
+        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
+        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
+    tl.store(DU + chunk, du)
+    tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
+    tl.store(DKP + chunk, dk)
+    tl.store(DWP + chunk, dw)
+
+
+@triton.jit
+def _query_head_rows(TOK, NTOK, GROUP: tl.constexpr, BT: tl.constexpr):
+    """For a program (chunk n, query head h): n, h, its kv head, the rows' flat tokens, validity and
+    the offsets of the chunk's BT×BT block in ``[Hkv, NC, BT, BT]`` and of the head's in ``[H, NC, BT, BT]``."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    NC = tl.num_programs(0)
+    rows = tl.arange(0, BT)
+    tok = tl.load(TOK + n * BT + rows)
+    hk = h // GROUP
+    kv_square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    head_square = ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
+    return n, h, hk, rows, tok, tok < NTOK, kv_square, head_square
+
+
+@triton.jit
+def _ut_bwd_dq_kernel(
+    K, W, BETA, TOK, DQS, DSD, DQ, US, XS, DQW, T, NTOK,
+    sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, split form: one program per (chunk, query head): dq (final) from U and X (``US``, ``XS``, from
+    ``_ut_bwd_end_kernel``), and dQ_W into ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``."""
+    n, h, hk, rows, tok, valid, kv_square, head_square = _query_head_rows(TOK, NTOK, GROUP, BT)
+    NC = tl.num_programs(0)
+    dcol = tl.arange(0, D)
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
+    kv_chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    head_chunk = ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    dq, dqw = _query_head_dq(tl.load(DQS + head_chunk), tl.load(DSD + head_square), tl.load(US + kv_chunk),
+                             tl.load(XS + kv_square), k, w, rows[:, None] >= rows[None, :])
+    tl.store(DQ + (tok[:, None] * tl.num_programs(1) + h) * D + dcol[None, :], dq, mask=valid[:, None])
+    tl.store(DQW + head_square, dqw)
 
 
 @triton.jit
 def _ut_bwd_sums_kernel(
-    Q, W, BETA, TOK, DQS, DSD, DQW, DU, DX, DKP, DWP, NC, T, NTOK,
+    Q, W, BETA, TOK, DQS, DSD, DQW, DU, DX, DKP, DWP, T, NTOK,
     sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
 ):
-    """Backward, split form: :func:`_query_head_sums` over the group, added to the scratch that
-    ``_ut_bwd_end_kernel`` wrote."""
-    n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
+    """Backward, split form: one program per (chunk, query head) adds :func:`_query_head_sums` to the scratch
+    that ``_ut_bwd_end_kernel`` wrote, by fp32 atomics (the heads of a group meet there; no loop over the
+    group, whose loop-invariant tiles took more shared memory than an H200 has with Triton 3.6)."""
+    n, h, hk, rows, tok, valid, kv_square, head_square = _query_head_rows(TOK, NTOK, GROUP, BT)
+    NC = tl.num_programs(0)
+    dcol = tl.arange(0, D)
     w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
-    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    du, dx, dk, dw = tl.load(DU + chunk), tl.load(DX + square), tl.load(DKP + chunk), tl.load(DWP + chunk)
-    lower = rows[:, None] >= rows[None, :]
-    for gi in range(GROUP):
-        h = hk * GROUP + gi
-        qrow = (h * NC + n) * BT + rows[:, None]
-        q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        dq_start = tl.load(DQS + qrow * D + dcol[None, :])
-        ds = tl.load(DSD + qrow * BT + rows[None, :])
-        dqw = tl.load(DQW + qrow * BT + rows[None, :])
-        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
-    tl.store(DU + chunk, du)
-    tl.store(DX + square, dx)
-    tl.store(DKP + chunk, dk)
-    tl.store(DWP + chunk, dw)
+    q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
+    head_chunk = ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    zero_d = tl.zeros((BT, D), tl.float32)
+    du, dx, dk, dw = _query_head_sums(q, w, tl.load(DQS + head_chunk), tl.load(DSD + head_square),
+                                      tl.load(DQW + head_square), rows[:, None] >= rows[None, :],
+                                      zero_d, tl.zeros((BT, BT), tl.float32), zero_d, zero_d)
+    kv_chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
+    tl.atomic_add(DU + kv_chunk, du, sem="relaxed")
+    tl.atomic_add(DX + kv_square, dx, sem="relaxed")
+    tl.atomic_add(DKP + kv_chunk, dk, sem="relaxed")
+    tl.atomic_add(DWP + kv_chunk, dw, sem="relaxed")
 
 
 @triton.jit
@@ -497,17 +520,19 @@ def ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a=None):
         dx = torch.empty((Hkv, NC, BT, BT), **f32)
         strides = _strides(q, k, w, beta)
         split = split_backward(D)
-        # the split form's scratch: U, X (dU's and dX's shapes), and d(A D_β), which can take X's place
-        us, xs = (torch.empty_like(du), torch.empty_like(dx)) if split else (du, dx)
         if split:
+            us, xs = torch.empty_like(du), torch.empty_like(dx)  # U, X; xs then takes d(A D_β)
+            dqw = torch.empty((H, NC, BT, BT), **f32)  # each query head's dQ_W
             _launch(_ut_bwd_end_kernel, (NC, Hkv), k, w, beta, tokens, a, grads[1], grads[2], du, dx, dk_part,
                     dw_part, us, xs, NC, T, B * T, *strides[3:], BT=BT, D=D)
-        dqw = torch.empty((H, NC, BT, BT), **f32) if split else dx  # each query head's dQ_W, split form only
-        _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, *grads, dq, du, dx, dk_part, dw_part,
-                us, xs, dqw, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, SPLIT=split)
-        if split:
-            _launch(_ut_bwd_sums_kernel, (NC, Hkv), q, w, beta, tokens, grads[0], grads[3], dqw, du, dx, dk_part,
-                    dw_part, NC, T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D)
+            _launch(_ut_bwd_dq_kernel, (NC, H), k, w, beta, tokens, grads[0], grads[3], dq, us, xs, dqw, T, B * T,
+                    *strides[3:], GROUP=H // Hkv, BT=BT, D=D)
+            _launch(_ut_bwd_sums_kernel, (NC, H), q, w, beta, tokens, grads[0], grads[3], dqw, du, dx, dk_part,
+                    dw_part, T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D)
+        else:
+            xs = dx  # not read
+            _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, *grads, dq, du, dx, dk_part,
+                    dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D)
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
                 xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split)
         if split:
