@@ -6,8 +6,9 @@
                (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward with that A
 
 v enters in its own layout and is gathered into chunks inside (again in the backward). Autograd keeps only the
-inputs, o and the log-sum-exp, as FlashAttention does: the fp32 q̃, k̃, M and S_d (8× one 16-bit q at D = 64)
-and v's chunk copy live only inside the forward and inside the backward, at the price of one more UT forward.
+inputs, o and the log-sum-exp, as FlashAttention does: q̃ and S_d (fp32), k̃ and M (written by the UT kernel in
+the scan's dtype; 8× one 16-bit q in all at D = 64) and v's chunk copy live only inside the forward and inside the
+backward, at the price of one more UT forward.
 Used by :func:`kernels.path.path_attention_triton` with ``ut="triton"``; the two steps are the same
 implementations as the separate ops (``pathlab::path_ut_*`` and ``pathlab::path_scan_*``), so their tests
 cover the pieces and ``tests/test_kernels.py`` the whole.
@@ -49,9 +50,10 @@ def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order,
 def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
               scale, programs):
     """(dq, dk, dw, dβ, dv) in the inputs' shapes and dtypes, dG_local (empty without a gate)."""
-    from .path import _scan_bwd_impl
+    from .path import _lowp, _scan_bwd_impl
 
-    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block)  # A is kept for the UT backward below
+    # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
     vc = gather_chunks(v, tokens, block)
     dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
                                                 order, max_chunks, scale, programs)
@@ -117,8 +119,7 @@ def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, 
     """(o, lse) and the factors the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A."""
     from .path import _lowp, _scan_fwd_impl
 
-    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block)
-    ks, m = ks.to(_lowp(v.dtype)), m.to(_lowp(v.dtype))
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
     vc = gather_chunks(v, tokens, block)
     o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs)
     return o, lse, qs, ks, m, sd, a

@@ -469,9 +469,11 @@ def _check_tokens(tokens, block):
                          f"{tuple(tokens.shape)} for BT = {block}")
 
 
-def ut_forward(q, k, w, beta, tokens, block):
+def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32):
     """(q̃, k̃, M, S_d, A): the UT factors and the inverse they were formed with (``[Hkv, NC, BT, BT]`` fp32), so that
-    a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of inverting again."""
+    a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of inverting again.
+    k̃ and M are stored in ``scan_dtype`` (the scan's; its fp16 saves their fp32 copies: 6× one 16-bit k at
+    D = 128), the rest in fp32."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
@@ -479,8 +481,8 @@ def ut_forward(q, k, w, beta, tokens, block):
     q, k, w = _unit_last(q), _unit_last(k), _unit_last(w)
     f32 = dict(dtype=torch.float32, device=q.device)
     qs = unwritten((H, NC, BT, D), **f32)
-    ks = unwritten((Hkv, NC, BT, D), **f32)
-    m = unwritten((Hkv, NC, D, D), **f32)
+    ks = unwritten((Hkv, NC, BT, D), dtype=scan_dtype, device=q.device)
+    m = unwritten((Hkv, NC, D, D), dtype=scan_dtype, device=q.device)
     sd = unwritten((H, NC, BT, BT), **f32)
     a = _inverse(w, beta, tokens, T, BT)
     if NC > 0:

@@ -279,22 +279,28 @@ def _static_dim(D) -> int:
 
 
 UT_BACKENDS = ("auto", "torch", "triton", "triton_saved")
-FUSED_UT_MAX_HEAD_DIM = 64  # the fused UT backward needs more shared memory than an H200 has at D = 128
 
 
 def _ut_name(name, q):
     """``"torch"``, ``"triton"`` or ``"triton_saved"`` for input q. ``None`` reads ``PATHLAB_PATH_UT`` (so that
-    benchmarks of whole models can switch it), default ``"auto"``: for CUDA tensors with D ≤ 64 the fused kernels
-    keeping their factors for the backward (on an H200, fwd+bwd at T = 4096, 12×64 took 11.9 ms against 12.7 when
-    recomputing them and 18.9 with the PyTorch transform; the ``owt16`` model trained 10% faster than when
-    recomputing, with 6 GB more memory: ``"triton"`` is the low-memory choice), the PyTorch transform elsewhere
-    (D = 128, whose fused backward does not fit, and the CPU, where every route is tested explicitly)."""
+    benchmarks of whole models can switch it), default ``"auto"``: for CUDA tensors
+
+    * D ≤ 64: the fused kernels keeping their factors for the backward (on an H200, fwd+bwd at T = 4096, 12×64
+      took 11.9 ms against 12.7 when recomputing them and 18.9 with the PyTorch transform; the ``owt16`` model
+      trained 10% faster than when recomputing, with 6 GB more memory: ``"triton"`` is the low-memory choice);
+    * D = 128: the fused kernels recomputing their factors (their backward split in five kernels to fit; at
+      T = 16384, 16×128: 164 ms and 4118 MiB against 173 ms and 5916 MiB with the PyTorch transform, and 156 ms
+      and 5254 MiB keeping the factors; ``benchmarks/results/kernels-h200-d128-split-ut.json``);
+
+    the PyTorch transform on the CPU, where every route is tested explicitly."""
     if name is None:
         name = os.environ.get("PATHLAB_PATH_UT") or "auto"
     if name not in UT_BACKENDS:
         raise ValueError(f"ut must be one of {UT_BACKENDS}, got {name!r}")
     if name == "auto":
-        return "triton_saved" if q.device.type == "cuda" and q.shape[-1] <= FUSED_UT_MAX_HEAD_DIM else "torch"
+        if q.device.type != "cuda":
+            return "torch"
+        return "triton_saved" if q.shape[-1] <= 64 else "triton"
     return name
 
 
@@ -327,7 +333,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             the UT factors in its backward, ``_recompute``; same results within fp32 rounding),
             ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
             9.0× one 16-bit q kept for the backward instead of 1.04× at 12×64) or ``"auto"``
-            (``"triton_saved"`` on CUDA at D ≤ 64, else ``"torch"``); default: the environment variable
+            (on CUDA ``"triton_saved"`` at D ≤ 64 and ``"triton"`` at D = 128, else ``"torch"``); default: the
+            environment variable
             ``PATHLAB_PATH_UT``, else ``"auto"``.
 
     Returns:
