@@ -114,11 +114,10 @@ def _path_bwd_kernel(
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
-    PREFETCH_TILES: tl.constexpr = False, NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
+    NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
-    λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden;
-    PREFETCH_TILES: the same for the next pair's k̃, V and M tiles (in registers). NO_ATOMICS
+    λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -165,10 +164,6 @@ def _path_bwd_kernel(
 
         # 2. left to right: λ, and the key-side gradients
         ql_next = tl.load(scratch + tile_d)
-        kv0 = hk * NC + first  # the first key chunk (only its tiles' prefetch reads it before the loop)
-        kt_next = tl.load(KS + kv0 * BT * D + tile_d)
-        v_next = tl.load(V + kv0 * BT * DV + tile_v)
-        mt_next = tl.load(M + kv0 * D * D + tile_dd)
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
@@ -177,23 +172,14 @@ def _path_bwd_kernel(
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
             else:
                 ql = tl.load(scratch + m * BT * D + tile_d)
-            if PREFETCH_TILES:
-                kt, vt, mt = kt_next, v_next, mt_next
-                after = (hk * NC + first + tl.minimum(m + 1, c - 1)).to(tl.int64)
-                kt_next = tl.load(KS + after * BT * D + tile_d)
-                v_next = tl.load(V + after * BT * DV + tile_v)
-                mt_next = tl.load(M + after * D * D + tile_dd)
-            else:
-                kt = tl.load(KS + krow * D + tile_d)
-                vt = tl.load(V + krow * DV + tile_v)
-                mt = tl.load(M + (hk * NC + kn) * D * D + tile_dd)
+            kt = tl.load(KS + krow * D + tile_d)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:
                 gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
                 shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
                 s += gq[:, None] - gk[None, :] + shift
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
+            dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
             _accumulate(NO_ATOMICS, ACQ_REL, DVV + krow * DV + tile_v,
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
@@ -206,6 +192,7 @@ def _path_bwd_kernel(
             # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
             # products vanish: no branch, as above)
             mrow = (hk * NC + kn) * D
+            mt = tl.load(M + mrow * D + tile_dd)
             if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
                 lam_l = lam.to(tl.bfloat16)
                 dm = -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l)
