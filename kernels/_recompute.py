@@ -55,10 +55,13 @@ def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_i
     # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
     vc = gather_chunks(v, tokens, block)
-    dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
-                                                order, max_chunks, scale, programs)
+    # the factors are this function's own: dq̃ and dS_d overwrite q̃ and S_d, and the UT backward consumes the
+    # gradients (their memory is reused as soon as each is read)
+    grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
+                                scale, programs, into_inputs=True))
     del qs, ks, m, sd, vc
-    dq, dk, dw, dbeta = ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a)
+    dg, dvc = grads.pop(), grads.pop(2)
+    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
     return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
 
 
@@ -143,10 +146,11 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, toke
     from .path import _scan_bwd_impl
 
     vc = gather_chunks(v, tokens, block)
-    dqs, dks, dvc, dm, dsd, dg = _scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index,
-                                                order, max_chunks, scale, programs)
+    grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
+                                scale, programs))
     del vc
-    dq, dk, dw, dbeta = ut_backward(dqs, dks, dm, dsd, q, k, w, beta, tokens, block, a)
+    dg, dvc = grads.pop(), grads.pop(2)
+    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
     return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
 
 

@@ -141,9 +141,11 @@ def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs):
+                   programs, into_inputs=False):
     """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
-    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs."""
+    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
+    ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
+    its rows of both before it writes them), for a caller that owns q̃ and S_d."""
     from ._triton_path import _path_bwd_kernel
 
     H, NC, BT, D = qs.shape
@@ -156,8 +158,13 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
-    dqs = unwritten((H, NC, BT, D), **f32)
-    dsd = unwritten((H, NC, BT, BT), **f32)
+    if into_inputs:
+        if qs.dtype != torch.float32 or sd.dtype != torch.float32:
+            raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
+        dqs, dsd = qs, sd
+    else:
+        dqs = unwritten((H, NC, BT, D), **f32)
+        dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
     dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
