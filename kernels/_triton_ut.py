@@ -435,10 +435,11 @@ def _launch(kernel, grid, *args, BT, D, num_warps=_NUM_WARPS, **meta):
 def split_backward(D):
     """Whether the UT backward runs split in five kernels instead of two (``PATHLAB_PATH_UT_SPLIT``: auto, 0, 1).
 
-    ``auto`` splits at D > 64: at D = 128 the two-kernel form needs more shared memory than an H200 has (368 KiB
-    for the heads kernel, which holds dM's D×D tile beside the query heads' tiles); split, the largest takes
-    224 KiB (``benchmarks/kernel_resources.py``). dU, dX, dk, dw, U, X, each head's dQ_W and d(A D_β) pass
-    between the kernels through fp32 scratch."""
+    ``auto`` splits at D > 64: at D = 128 the two-kernel form needs more shared memory than an H200 gives a
+    program (227 KiB): the heads kernel, which holds dM's D×D tile beside the query heads' tiles, took 400 KiB
+    with Triton 3.6 and two query heads per kv head; split, the largest takes 224 KiB
+    (``benchmarks/results/kernel-resources-sm90-triton36-ut-d128-group2.json``). dU, dX, dk, dw, U, X, each
+    head's dQ_W and d(A D_β) pass between the kernels through fp32 scratch."""
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 

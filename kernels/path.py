@@ -296,8 +296,9 @@ def _ut_name(name, q):
       took 11.9 ms against 12.7 when recomputing them and 18.9 with the PyTorch transform; the ``owt16`` model
       trained 10% faster than when recomputing, with 6 GB more memory: ``"triton"`` is the low-memory choice);
     * D = 128: the fused kernels recomputing their factors (their backward split in five kernels to fit; at
-      T = 16384, 16×128: 164 ms and 4118 MiB against 173 ms and 5916 MiB with the PyTorch transform, and 156 ms
-      and 5254 MiB keeping the factors; ``benchmarks/results/kernels-h200-d128-split-ut.json``);
+      T = 16384, 16×128 in one call: 156.5 ms against 164.0 with the PyTorch transform and 159.1 keeping the
+      factors, ``benchmarks/results/kernels-h200-d128-fused-default.json``; peak 2966 MiB against 5916 and 4486,
+      ``kernels-h200-d128-fused-ut-final.json`` and ``memory-phases-h200-16384x16x128.json``);
 
     the PyTorch transform on the CPU, where every route is tested explicitly."""
     if name is None:
