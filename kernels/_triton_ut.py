@@ -23,7 +23,10 @@ forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_
     dN = strictLower(−Aᵀ dA Aᵀ),   dβ_i += Σ_j dN_ij (W Wᵀ)_ij,   dG = D_β dN
     dW = U dMᵀ − X dk̃ + Σ_g dQ_Wᵀ Q + (A D_β)ᵀ dU + dWK K + (dG + dGᵀ) W
 
-Grouped query heads of one kv head are summed inside the program, so no atomics are needed.
+The backward runs as two kernels (per (chunk, kv head): the per-head products, then the paths through A D_β,
+the inverse and the normalisation), where grouped query heads are summed inside the program without atomics;
+at D = 128, where those two need more shared memory than an H200 has, as five (``split_backward``), where dq
+and the group's sums run one program per query head and the sums meet in fp32 atomics.
 """
 
 from __future__ import annotations
@@ -199,20 +202,30 @@ def _end_gradients(w, u, x, dk_end, dm):
 
 
 @triton.jit
-def _ut_bwd_end_kernel(
-    K, W, BETA, TOK, AINV, DKS, DM, DU, DX, DKP, DWP, US, XS, NC, T, NTOK,
-    sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr,
-):
-    """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
-    ``_ut_bwd_heads_kernel`` (with ``SPLIT``) completes, and U, X for it; its own kernel so that no program
-    holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
+def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr):
+    """The program's chunk (as ``_this_chunk``), U, X, the offsets of its ``[BT, D]`` rows and
+    :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
+    return n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw
+
+
+@triton.jit
+def _ut_bwd_end_kernel(
+    K, W, BETA, TOK, AINV, DKS, DM, DU, DX, DKP, DWP, US, XS, NC, T, NTOK,
+    sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    BT: tl.constexpr, D: tl.constexpr,
+):
+    """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
+    ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
+    holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
+    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
+        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -251,12 +264,8 @@ def _ut_bwd_heads_kernel(
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
     (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
-    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
-    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
+    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
+        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -275,18 +284,24 @@ def _ut_bwd_heads_kernel(
 
 
 @triton.jit
-def _query_head_rows(TOK, NTOK, GROUP: tl.constexpr, BT: tl.constexpr):
-    """For a program (chunk n, query head h): n, h, its kv head, the rows' flat tokens, validity and
-    the offsets of the chunk's BT×BT block in ``[Hkv, NC, BT, BT]`` and of the head's in ``[H, NC, BT, BT]``."""
+def _query_head_chunk(W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+                      GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr):
+    """For a program (chunk n, query head h) of a ``(NC, H)`` grid: n, h, its kv head, rows, columns, the rows'
+    flat tokens and validity, w (as ``_load_w_beta``), and the offsets of the chunk's ``[BT, D]`` and
+    ``[BT, BT]`` blocks in the kv heads' buffers and in the query head's."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     NC = tl.num_programs(0)
-    rows = tl.arange(0, BT)
-    tok = tl.load(TOK + n * BT + rows)
     hk = h // GROUP
-    kv_square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    head_square = ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    return n, h, hk, rows, tok, tok < NTOK, kv_square, head_square
+    rows = tl.arange(0, BT)
+    dcol = tl.arange(0, D)
+    tok = tl.load(TOK + n * BT + rows)
+    valid = tok < NTOK
+    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    kv_row = (hk * NC + n) * BT + rows[:, None]
+    head_row = (h * NC + n) * BT + rows[:, None]
+    return (n, h, hk, rows, dcol, tok, valid, w, kv_row * D + dcol[None, :], head_row * D + dcol[None, :],
+            kv_row * BT + rows[None, :], head_row * BT + rows[None, :])
 
 
 @triton.jit
@@ -297,13 +312,9 @@ def _ut_bwd_dq_kernel(
 ):
     """Backward, split form: one program per (chunk, query head): dq (final) from U and X (``US``, ``XS``, from
     ``_ut_bwd_end_kernel``), and dQ_W into ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``."""
-    n, h, hk, rows, tok, valid, kv_square, head_square = _query_head_rows(TOK, NTOK, GROUP, BT)
-    NC = tl.num_programs(0)
-    dcol = tl.arange(0, D)
-    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    n, h, hk, rows, dcol, tok, valid, w, kv_chunk, head_chunk, kv_square, head_square = _query_head_chunk(
+        W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, GROUP, BT, D)
     k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
-    kv_chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    head_chunk = ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dq, dqw = _query_head_dq(tl.load(DQS + head_chunk), tl.load(DSD + head_square), tl.load(US + kv_chunk),
                              tl.load(XS + kv_square), k, w, rows[:, None] >= rows[None, :])
     tl.store(DQ + (tok[:, None] * tl.num_programs(1) + h) * D + dcol[None, :], dq, mask=valid[:, None])
@@ -319,17 +330,13 @@ def _ut_bwd_sums_kernel(
     """Backward, split form: one program per (chunk, query head) adds :func:`_query_head_sums` to the scratch
     that ``_ut_bwd_end_kernel`` wrote, by fp32 atomics (the heads of a group meet there; no loop over the
     group, whose loop-invariant tiles took more shared memory than an H200 has with Triton 3.6)."""
-    n, h, hk, rows, tok, valid, kv_square, head_square = _query_head_rows(TOK, NTOK, GROUP, BT)
-    NC = tl.num_programs(0)
-    dcol = tl.arange(0, D)
-    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+    n, h, hk, rows, dcol, tok, valid, w, kv_chunk, head_chunk, kv_square, head_square = _query_head_chunk(
+        W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, GROUP, BT, D)
     q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-    head_chunk = ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     zero_d = tl.zeros((BT, D), tl.float32)
     du, dx, dk, dw = _query_head_sums(q, w, tl.load(DQS + head_chunk), tl.load(DSD + head_square),
                                       tl.load(DQW + head_square), rows[:, None] >= rows[None, :],
                                       zero_d, tl.zeros((BT, BT), tl.float32), zero_d, zero_d)
-    kv_chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     tl.atomic_add(DU + kv_chunk, du, sem="relaxed")
     tl.atomic_add(DX + kv_square, dx, sem="relaxed")
     tl.atomic_add(DKP + kv_chunk, dk, sem="relaxed")
@@ -510,7 +517,7 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
 
     ``consume=True`` hands the gradients over (the caller keeps no other reference): the list is emptied, dk̃'s
     buffer takes the partial dk in place (each program reads its rows before writing them), and dM is freed once
-    read. At T = 16384, 16×128 that is 768 MiB of fp32 less at the backward's peak."""
+    read (dk̃ and dM are 768 MiB of fp32 at T = 16384, 16×128)."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block

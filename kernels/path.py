@@ -342,8 +342,7 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
             9.0× one 16-bit q kept for the backward instead of 1.04× at 12×64) or ``"auto"``
             (on CUDA ``"triton_saved"`` at D ≤ 64 and ``"triton"`` at D = 128, else ``"torch"``); default: the
-            environment variable
-            ``PATHLAB_PATH_UT``, else ``"auto"``.
+            environment variable ``PATHLAB_PATH_UT``, else ``"auto"``.
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
