@@ -378,3 +378,39 @@ def test_lambda_precision_choice(monkeypatch):
     monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "fp8")
     with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_LAMBDA"):
         _lambda_precision()
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, monkeypatch):
+    """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk,
+    dM freed once read) empties the list it is handed and returns exactly what ``consume=False`` returns; the
+    caller's copies are not touched by the non-consuming call."""
+    from pathlab.kernels._triton_ut import ut_backward, ut_forward
+
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+    q, k, w, beta = token_inputs(1, 37, 4, 2, 16, (0.0, 2.0), seed=11)
+    tokens = slot_tokens(build_layout(1, 37, 16, "cpu"), 1, 37)
+    factors = ut_forward(q, k, w, beta, tokens, 16)[:4]
+    gen = torch.Generator().manual_seed(12)
+    grads = [torch.randn(f.shape, generator=gen) for f in factors]
+    kept = [g.clone() for g in grads]
+    want = ut_backward(grads, q, k, w, beta, tokens, 16)
+    assert all(torch.equal(a, b) for a, b in zip(grads, kept)), "consume=False changed its inputs"
+    handed = [g.clone() for g in kept]
+    got = ut_backward(handed, q, k, w, beta, tokens, 16, consume=True)
+    assert handed == []
+    for name, a, b in zip(["dq", "dk", "dw", "dβ"], got, want):
+        assert torch.equal(a, b), name
+
+
+def test_scan_backward_into_its_inputs_needs_fp32_factors():
+    """``_scan_bwd_impl(..., into_inputs=True)`` writes dq̃ and dS_d over q̃ and S_d, which must be fp32."""
+    from pathlab.kernels.path import _scan_bwd_impl
+
+    H, NC, BT, D = 1, 2, 16, 16
+    qs = torch.zeros(H, NC, BT, D, dtype=torch.float16)
+    sd = torch.zeros(H, NC, BT, BT)
+    with pytest.raises(ValueError, match="into_inputs needs fp32"):
+        _scan_bwd_impl(torch.zeros(H, NC, BT, D), qs, qs, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, D, D), sd,
+                       None, None, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, BT), None, None, None, NC, 1.0, 0,
+                       into_inputs=True)
