@@ -129,3 +129,31 @@ def test_ncu_top_stalls_ranks_instructions_by_stall_samples(tmp_path):
     assert lines[0] == "3 instructions, 100 stall samples"
     assert lines[1].startswith(" 70.0%  [long_sb 90%, wait 10%]  @!P0 BRA 0x0") and "TRYWAIT" in lines[1]
     assert lines[2].startswith(" 20.0%  [wait 100%]  HGMMA") and len(lines) == 3
+
+
+def test_memory_phases_wraps_each_step_of_the_fused_route_and_restores_it(monkeypatch):
+    """``benchmarks/memory_phases.py`` records entry, peak and exit memory around each step of the Triton route
+    (run here under the interpreter, with CUDA's memory counters replaced by a fake that reports 2 MiB more at
+    every read), in the order the steps run, and puts the original functions back afterwards."""
+    spec = importlib.util.spec_from_file_location(
+        "memory_phases", pathlib.Path(__file__).parents[1] / "benchmarks" / "memory_phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+    from pathlab.kernels import _recompute, path, path_attention_triton
+
+    reads = iter(range(1, 10_000))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2 * next(reads) * phases.MIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2 * next(reads) * phases.MIB)
+    originals = (_recompute.ut_forward, _recompute.ut_backward, path._scan_fwd_impl, path._scan_bwd_impl)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, w = (torch.randn(1, 20, 1, 16, generator=gen, requires_grad=True) for _ in range(4))
+    beta = torch.rand(1, 20, 1, generator=gen, requires_grad=True)
+    rows = []
+    with phases.phases_recorded(0, rows):
+        path_attention_triton(q, k, v, w, beta, block_size=16, ut="triton").square().sum().backward()
+    assert [r["step"] for r in rows] == ["ut_forward", "scan_fwd_impl", "ut_forward", "scan_bwd_impl", "ut_backward"]
+    assert all(r["entry_mib"] < r["peak_mib"] < r["exit_mib"] for r in rows), rows  # the fake's reads, in order
+    assert (_recompute.ut_forward, _recompute.ut_backward, path._scan_fwd_impl, path._scan_bwd_impl) == originals
+    assert q.grad is not None and torch.isfinite(q.grad).all()
