@@ -60,6 +60,12 @@ def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_i
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, into_inputs=True))
     del qs, ks, m, sd, vc
+    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a)
+
+
+def _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a):
+    """(dq, dk, dw, dβ, dv, dG_local) from the scan backward's outputs ``grads`` (a list the UT backward
+    consumes: the caller keeps no other reference to them)."""
     dg, dvc = grads.pop(), grads.pop(2)
     dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
     return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
@@ -149,9 +155,7 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, toke
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs))
     del vc
-    dg, dvc = grads.pop(), grads.pop(2)
-    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
-    return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1]), dg
+    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a)
 
 
 def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,

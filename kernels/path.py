@@ -148,6 +148,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     its rows of both before it writes them), for a caller that owns q̃ and S_d."""
     from ._triton_path import _path_bwd_kernel
 
+    if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
+        raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
     H, NC, BT, D = qs.shape
     Hkv, DV = v.shape[0], v.shape[-1]
     lowp = _lowp(v.dtype)
@@ -159,8 +161,6 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
-        if qs.dtype != torch.float32 or sd.dtype != torch.float32:
-            raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
         dqs, dsd = qs, sd
     else:
         dqs = unwritten((H, NC, BT, D), **f32)
