@@ -35,7 +35,8 @@ from pathlab.atomic import atomic_write_text
 
 DEFAULT_CASES = "1024x12x64,4096x12x64,16384x12x64,65536x12x64,1024x16x128,4096x16x128,16384x16x128,65536x16x128"
 FLEX_MAX_T = 16384  # FlexAttention is compiled per shape; the anchors stop at 16K
-# "path" and "path_fox" take the kernel's default UT route ("auto": fused on CUDA at D ≤ 64, else PyTorch);
+# "path" and "path_fox" take the kernel's default UT route ("auto": on CUDA fused, its factors kept at D ≤ 64 and
+# recomputed at D = 128; elsewhere PyTorch);
 # the *_ut_triton, *_ut_triton_saved and *_ut_torch methods force one
 PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "path_ut_torch", "path_fox_ut_torch",
                 "path_ut_triton_saved", "path_fox_ut_triton_saved")
