@@ -4,6 +4,8 @@ Each kernel is compiled by Triton for ``GPUTarget("cuda", 90, 32)`` and its PTX 
 Triton ships (``ptxas -v``); the PTX is also searched for barriers (``bar.sync``), atomic reductions
 (``red.``, ``atom.``) and tensor-core instructions (``mma.sync``, ``wgmma``). Spills and barriers inside the scan's loop
 over chunk pairs are what a profile of the backward cannot show by itself; this runs on any machine with triton.
+Triton versions allocate differently: for the numbers of the H200's Triton 3.6, run it in an environment of its own
+with ``pip install torch==2.13.0 triton==3.6.0 numpy`` (they match what the GPU reports).
 
     python benchmarks/kernel_resources.py --out kernel-resources-sm90.json
 """
