@@ -9,12 +9,17 @@ v enters in its own layout and is gathered into chunks inside (again in the back
 inputs, o and the log-sum-exp, as FlashAttention does: q̃ and S_d (fp32), k̃ and M (written by the UT kernel in
 the scan's dtype; 8× one 16-bit q in all at D = 64) and v's chunk copy live only inside the forward and inside the
 backward, at the price of one more UT forward.
+For long sequences the backward runs over groups of kv heads (with their query heads) one after the other, so
+that the recomputed factors and their gradients exist for one group at a time (``head_groups``).
 Used by :func:`kernels.path.path_attention_triton` with ``ut="triton"``; the two steps are the same
 implementations as the separate ops (``pathlab::path_ut_*`` and ``pathlab::path_scan_*``), so their tests
 cover the pieces and ``tests/test_kernels.py`` the whole.
 """
 
 from __future__ import annotations
+
+import math
+import os
 
 import torch
 
@@ -47,9 +52,78 @@ def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order,
             torch.empty((H, NC, block), dtype=torch.float32, device=v.device))
 
 
+# The backward splits the heads only when some sequence spans this many chunks (4096 tokens at BT = 64): there the
+# quadratic scan dwarfs the extra launches of a split (at the 512 tokens of model training it would not).
+GROUPS_FROM_CHUNKS = 64
+GROUP_MIB_DEFAULT = 256
+
+
+def group_budget_bytes() -> int:
+    """The backward's budget for one head group's factors and gradients: ``PATHLAB_PATH_BWD_GROUP_MIB`` (MiB;
+    0 = never split), default 256."""
+    value = os.environ.get("PATHLAB_PATH_BWD_GROUP_MIB") or str(GROUP_MIB_DEFAULT)
+    if not value.isdigit():
+        raise ValueError(f"PATHLAB_PATH_BWD_GROUP_MIB must be a non-negative integer (MiB), got {value!r}")
+    return int(value) * 2**20
+
+
+def backward_bytes_per_kv_head(n_chunks, block, group, D, DV, scan_bytes, v_bytes) -> int:
+    """What the recomputing backward allocates per kv head (with its ``group`` query heads), per chunk of BT rows:
+    q̃ and S_d (fp32, then dq̃ and dS_d in their place), k̃ and M (scan dtype) with dk̃ and dM (fp32), A (fp32),
+    v's chunk copy with dV (fp32, then v's dtype)."""
+    BT = block
+    per_chunk = (group * BT * (D + BT) * 4 + BT * D * (scan_bytes + 4) + D * D * (scan_bytes + 4) + BT * BT * 4
+                 + BT * DV * (2 * v_bytes + 4))
+    return n_chunks * per_chunk
+
+
+def head_groups(n_kv_heads, per_kv_head_bytes, max_chunks, budget_bytes) -> list[slice]:
+    """Slices of kv heads that the backward handles one after the other: all at once, unless some sequence spans
+    at least ``GROUPS_FROM_CHUNKS`` chunks and all heads' buffers exceed ``budget_bytes``; then groups of as many
+    heads as fit in the budget (one at the least), as few groups as that allows, of near-equal size.
+
+    At T = 16384, B = 2, 16×128 the buffers take 136 MiB per kv head, so 16 groups of one head at the default
+    budget; the peak of one forward+backward then holds o, dO, the input gradients, one group's buffers and the
+    scan's scratch."""
+    if budget_bytes <= 0 or max_chunks < GROUPS_FROM_CHUNKS or per_kv_head_bytes * n_kv_heads <= budget_bytes:
+        return [slice(0, n_kv_heads)]
+    n = math.ceil(n_kv_heads / max(1, budget_bytes // max(1, per_kv_head_bytes)))
+    bounds = [round(i * n_kv_heads / n) for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
               scale, programs):
-    """(dq, dk, dw, dβ, dv) in the inputs' shapes and dtypes, dG_local (empty without a gate)."""
+    """(dq, dk, dw, dβ, dv) in the inputs' shapes and dtypes, dG_local (empty without a gate), head group by head
+    group (``head_groups``)."""
+    from .path import _lowp
+
+    Hkv = k.shape[2]
+    G = q.shape[2] // Hkv
+    per_head = backward_bytes_per_kv_head(tokens.numel() // block, block, G, q.shape[3], v.shape[3],
+                                          _lowp(v.dtype).itemsize, v.element_size())
+    groups = head_groups(Hkv, per_head, int(max_chunks), group_budget_bytes())
+    args = (tokens, chunk_first, chunk_index, order, max_chunks, block, scale, programs)
+    if len(groups) == 1:
+        return _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, *args)
+    outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w, beta, v)]
+    dg = torch.empty(gl.shape if gl is not None else (0,), dtype=torch.float32, device=q.device)
+    for kv in groups:
+        hq = slice(kv.start * G, kv.stop * G)  # the query heads of these kv heads
+        *grads, dg_part = _bwd_heads(do[hq], q[:, :, hq], k[:, :, kv], w[:, :, kv], beta[:, :, kv], v[:, :, kv],
+                                     None if gl is None else gl[hq], None if go is None else go[hq], o[hq], lse[hq],
+                                     *args)
+        for out, heads in zip(outs, (hq, kv, kv, kv, kv)):
+            out[:, :, heads] = grads.pop(0)  # each of the group's gradients freed once copied
+        if gl is not None:
+            dg[hq] = dg_part
+        del dg_part
+    return (*outs, dg)
+
+
+def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
+               scale, programs):
+    """The backward for the heads given (all, or one group of kv heads with their query heads)."""
     from .path import _lowp, _scan_bwd_impl
 
     # k̃ and M straight in the scan's dtype; A is kept for the UT backward below

@@ -106,6 +106,53 @@ def test_backward_with_and_without_prefetch(monkeypatch, prefetch, B, T, H, Hkv,
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
+@pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 3)])
+def test_recomputing_backward_in_head_groups(monkeypatch, B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
+    """The recomputing backward one kv head (and its query heads) at a time, as it runs for long sequences
+    (``_recompute.head_groups``), forced here at short ones: each group's gradients land in their heads."""
+    from pathlab.kernels import _recompute
+
+    monkeypatch.setattr(_recompute, "GROUPS_FROM_CHUNKS", 1)
+    monkeypatch.setattr(_recompute, "group_budget_bytes", lambda: 1)  # every kv head its own group
+    calls = []
+    whole = _recompute._bwd_heads
+    monkeypatch.setattr(_recompute, "_bwd_heads", lambda *a: calls.append(a[2].shape[2]) or whole(*a))
+    inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
+    compare(inputs, tol=1e-5, block_size=block, ut="triton")
+    assert calls == [1] * Hkv
+    calls.clear()
+    lengths = [1, 15, 60, 16]  # packed sequences, grouped query heads, gate, fp16
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    compare(make(1, sum(lengths), 4, 2, 16, 32, torch.float16, gate=True), tol=5e-3, cu_seqlens=cu, programs=2,
+            ut="triton")
+    assert calls == [1, 1]
+
+
+def test_head_groups_policy(monkeypatch):
+    """All heads at once for short sequences, under the budget or with the budget 0; otherwise as many heads per
+    group as the budget holds, in contiguous near-equal groups; a bad budget is a clear error."""
+    from pathlab.kernels._recompute import GROUPS_FROM_CHUNKS, group_budget_bytes, head_groups
+
+    mib = 2**20
+    long = GROUPS_FROM_CHUNKS
+    assert head_groups(16, 136 * mib, long - 1, 256 * mib) == [slice(0, 16)]
+    assert head_groups(16, 136 * mib, long, 0) == [slice(0, 16)]
+    assert head_groups(4, 64 * mib, long, 256 * mib) == [slice(0, 4)]
+    assert head_groups(16, 136 * mib, long, 256 * mib) == [slice(h, h + 1) for h in range(16)]
+    groups = head_groups(16, 136 * mib, long, 512 * mib)  # three heads fit
+    assert len(groups) == 6 and groups[0].start == 0 and groups[-1].stop == 16
+    assert all(a.stop == b.start for a, b in zip(groups, groups[1:]))
+    assert max(g.stop - g.start for g in groups) == 3
+    assert head_groups(2, 10 * mib, long, 1) == [slice(0, 1), slice(1, 2)]
+    monkeypatch.delenv("PATHLAB_PATH_BWD_GROUP_MIB", raising=False)
+    assert group_budget_bytes() == 256 * mib
+    monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", "0")
+    assert group_budget_bytes() == 0
+    monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", "lots")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_GROUP_MIB"):
+        group_budget_bytes()
+
+
 def test_scan_switch(monkeypatch):
     """An on/off setting of the scan: unset or ``auto`` gives the default, ``1``/``0`` force it, anything else is
     a clear error."""

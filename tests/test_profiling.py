@@ -1,5 +1,6 @@
 """``pathlab.profiling.time_by_kernel`` and the kernel benchmark's profile of one case (scan vs the rest)."""
 
+import gc
 import importlib.util
 import os
 import pathlib
@@ -10,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of the kernels
 
-from pathlab.profiling import saved_for_backward, time_by_kernel  # noqa: E402
+from pathlab.profiling import LiveTensorBytes, saved_for_backward, time_by_kernel  # noqa: E402
 
 
 def test_time_by_kernel_counts_operators_per_call_on_cpu():
@@ -74,6 +75,70 @@ def test_saved_for_backward_counts_each_storage_once():
     assert saved == {"bytes": 16000, "storages": 2, "by_dtype": {"float64": 16000}}
     assert torch.isfinite(out)
     assert saved_for_backward(fn)[0]["bytes"] == 16000 + 800  # w now counts (x itself is never saved)
+
+
+def test_live_tensor_bytes_counts_what_ops_make_until_it_is_freed():
+    before = torch.randn(1000)  # made outside: never counted, nor its views
+    with LiveTensorBytes() as meter:
+        a = torch.empty(1000, 1000)  # 4 MB
+        b = torch.empty(2000, 1000)  # 8 MB
+        view, _ = b[:10], before[:5]
+        b.add_(1)  # in place: nothing new
+        del a
+        c = b + 1  # 8 MB more, while 8 MB are alive
+        assert (meter.live, meter.peak) == (16_000_000, 16_000_000)
+        del c
+        meter.reset_peak()
+        d = torch.empty(10)
+        assert (meter.live, meter.peak) == (8_000_040, 8_000_040)
+        del b, d
+        assert meter.live == 8_000_000  # the view keeps b's storage alive
+        del view
+    assert meter.live == 0
+
+
+def test_live_tensor_bytes_opens_a_custom_op():
+    """A custom op's own buffers are unseen unless its Python implementation runs under the meter: the fused UT
+    forward's inverse A (``[Hkv, NC, BT, BT]`` fp32) is freed inside, so only the opened op shows it at the peak."""
+    from pathlab.kernels import _triton_ut
+    from pathlab.kernels._layout import build_layout, slot_tokens
+
+    B, T, H, D, BT = 1, 40, 2, 16, 16
+    q, k, w = (torch.randn(B, T, H, D) for _ in range(3))
+    beta = torch.rand(B, T, H)
+    tokens = slot_tokens(build_layout(B, T, BT, q.device, None), B, T)
+    NC = tokens.numel() // BT
+    factors = 4 * H * NC * (2 * BT * D + D * D + BT * BT)  # q̃, k̃, M, S_d in fp32
+    inverse = 4 * H * NC * BT * BT
+    with LiveTensorBytes() as closed:
+        out = torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, BT)
+        assert closed.peak == closed.live == factors
+    del out
+    with LiveTensorBytes(inside={"pathlab::path_ut_fwd": _triton_ut._ut_fwd_impl}, collect=True) as opened:
+        out = torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, BT)
+        gc.collect()  # the interpreter's reference cycles, as collect=True does before each op
+        assert opened.live == factors and opened.peak == factors + inverse
+    assert len(out) == 4
+
+
+def test_memory_phases_measures_on_the_cpu():
+    """Without a GPU, ``benchmarks/memory_phases.py`` counts tensor bytes op by op under the interpreter: the first
+    UT forward leaves exactly the factors and the inverse (q̃, S_d, A in fp32, k̃ and M in fp16), and the recomputing
+    backward's last step ends with no more alive than its gradients and what it was given."""
+    spec = importlib.util.spec_from_file_location(
+        "memory_phases", pathlib.Path(__file__).parents[1] / "benchmarks" / "memory_phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+    T, H, D, BT = 128, 2, 32, 64
+    result = phases.measure(f"{T}x{H}x{D}", "path_ut_triton", T)
+    steps = result["steps"]
+    assert result["device"] == "cpu"
+    assert [r["step"] for r in steps] == ["ut_forward", "scan_fwd_impl", "ut_forward", "scan_bwd_impl", "ut_backward"]
+    NC = T // BT
+    factors = H * NC * (BT * D * (4 + 2) + D * D * 2 + BT * BT * (4 + 4))
+    assert (steps[0]["exit_mib"] - steps[0]["entry_mib"]) * phases.MIB == factors
+    assert all(r["entry_mib"] <= r["peak_mib"] and r["exit_mib"] <= r["peak_mib"] for r in steps)
+    assert steps[3]["peak_mib"] > steps[3]["entry_mib"]  # the scan's gradients and scratch
 
 
 def test_fused_ut_route_keeps_what_sdpa_keeps_for_the_backward():
