@@ -11,7 +11,8 @@ gradient drawn after the forward), so the largest step peak is that benchmark's 
 On a GPU the counters are CUDA's (``memory_allocated``, ``max_memory_allocated``). Without one the kernels run
 under Triton's interpreter in fp16 and the bytes are counted op by op (``pathlab.profiling.LiveTensorBytes``,
 with the kernels' custom ops opened up so that their own buffers count): the same allocations as on the GPU, less
-the allocator's rounding, at a size the interpreter can run.
+the allocator's rounding, at a size the interpreter can run. There ``path`` takes the PyTorch UT route (what
+``ut="auto"`` picks on a CPU): name the fused routes (``path_ut_triton``, the default at D = 128 on a GPU).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import os
 import torch
 
 from ._layout import gather_chunks, scatter_chunks
+from ._mode import unwritten
 from ._triton_ut import ut_backward, ut_forward
 
 _FWD_SCHEMA = (
@@ -106,8 +107,9 @@ def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_i
     args = (tokens, chunk_first, chunk_index, order, max_chunks, block, scale, programs)
     if len(groups) == 1:
         return _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, *args)
-    outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w, beta, v)]
-    dg = torch.empty(gl.shape if gl is not None else (0,), dtype=torch.float32, device=q.device)
+    # every head is some group's (NaN under the interpreter shows one that was not)
+    outs = [unwritten(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w, beta, v)]
+    dg = unwritten(gl.shape if gl is not None else (0,), dtype=torch.float32, device=q.device)
     for kv in groups:
         hq = slice(kv.start * G, kv.stop * G)  # the query heads of these kv heads
         *grads, dg_part = _bwd_heads(do[hq], q[:, :, hq], k[:, :, kv], w[:, :, kv], beta[:, :, kv], v[:, :, kv],

@@ -80,7 +80,7 @@ class LiveTensorBytes(TorchDispatchMode):
     op by op on any device, so a CPU can measure where a GPU's memory would peak. Storages made before the block
     are not counted. A custom op is one op to a dispatch mode, its own buffers unseen: ``inside`` maps its name
     (``"ns::op"``) to its Python implementation, run under the mode so that they count. ``collect=True`` collects
-    Python's garbage before every op, so that a tensor held only by a reference cycle counts as freed when its
+    Python's young garbage before every op, so that a tensor held only by a reference cycle counts as freed when its
     last real reference goes (Triton's interpreter makes such cycles; without it they would not exist).
     """
 
