@@ -133,10 +133,13 @@ def test_recomputing_backward_in_head_groups(monkeypatch, B, T, H, Hkv, D, DV, d
 def test_head_groups_policy(monkeypatch):
     """All heads at once for short sequences, under the budget or with the budget 0; otherwise as many heads per
     group as the budget holds, in contiguous near-equal groups; a bad budget is a clear error."""
-    from pathlab.kernels._recompute import GROUPS_FROM_CHUNKS, group_budget_bytes, head_groups
+    from pathlab.kernels._recompute import (GROUPS_FROM_CHUNKS, backward_bytes_per_kv_head, group_budget_bytes,
+                                            head_groups)
 
     mib = 2**20
     long = GROUPS_FROM_CHUNKS
+    # T = 16384, B = 2 (512 chunks of 64), one query head per kv head, D = Dv = 128, fp16 scan and bf16 v
+    assert backward_bytes_per_kv_head(512, 64, 1, 128, 128, 2, 2) == 136 * mib
     assert head_groups(16, 136 * mib, long - 1, 256 * mib) == [slice(0, 16)]
     assert head_groups(16, 136 * mib, long, 0) == [slice(0, 16)]
     assert head_groups(4, 64 * mib, long, 256 * mib) == [slice(0, 4)]
