@@ -30,7 +30,8 @@ The items come longest first (``ORDER``), dealt out round by round in a snake: p
 even rounds and the p-th from the end of odd ones (of a last, partial round, among the programs it reaches).
 Dealt in one direction every round, the first program would take the longest item of each round: with 512 items
 for 132 programs (one kv head at T = 16384, B = 2) its pairs would be 26% above the mean, with 8192 (all 16
-heads) 2%; in a snake, the rounds' differences cancel in pairs (1.5% and 0.0%).
+heads) 2%; in a snake, the rounds' differences cancel in pairs (1.5% and 0.0%;
+``benchmarks/schedule_balance.py``).
 """
 
 from __future__ import annotations

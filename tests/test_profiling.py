@@ -243,3 +243,20 @@ def test_memory_phases_wraps_each_step_of_the_fused_route_and_restores_it(monkey
     assert all(r["entry_mib"] < r["peak_mib"] < r["exit_mib"] for r in rows), rows  # the fake's reads, in order
     assert (_recompute.ut_forward, _recompute.ut_backward, path._scan_fwd_impl, path._scan_bwd_impl) == originals
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_schedule_balance_deals_every_item_once_and_evenly():
+    """``benchmarks/schedule_balance.py`` (the scan backward's dealing of work items, mirrored): in both ways every
+    item goes to exactly one program, partial last rounds included; the snake keeps the most loaded program near
+    the mean where one direction does not (the head groups' case)."""
+    spec = importlib.util.spec_from_file_location(
+        "schedule_balance", pathlib.Path(__file__).parents[1] / "benchmarks" / "schedule_balance.py")
+    balance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(balance)
+    for n_items in (1, 2, 5, 16, 26, 131, 132, 133, 263, 264, 265, 512):
+        for programs in (1, 2, 3, 7, 132):
+            for snake in (False, True):
+                slots = sorted(s for taken in balance.deal(n_items, programs, snake) for s in taken)
+                assert slots == list(range(n_items)), (n_items, programs, snake)
+    assert balance.most_loaded_over_mean(2, 256, 1, 132, snake=False) > 1.2
+    assert balance.most_loaded_over_mean(2, 256, 1, 132, snake=True) < 1.02
