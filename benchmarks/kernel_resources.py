@@ -129,12 +129,10 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
-        from pathlab.atomic import atomic_write_text
+        from pathlab.results import write_benchmark_result
 
-        given = sys.argv[1:] if argv is None else argv
-        atomic_write_text(args.out, json.dumps(dict(command="python benchmarks/kernel_resources.py " + " ".join(given),
-                                                    triton=triton.__version__, target="cuda sm_90", rows=rows),
-                                               indent=1))
+        write_benchmark_result(args.out, "benchmarks/kernel_resources.py", sys.argv[1:] if argv is None else argv,
+                               triton=triton.__version__, target="cuda sm_90", rows=rows)
 
 
 if __name__ == "__main__":

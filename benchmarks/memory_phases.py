@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
 import pathlib
 import sys
@@ -158,11 +157,10 @@ def main(argv=None):
             print(f"{method:24s} {row['step']:16s} entry {row['entry_mib']:8.0f}  peak {row['peak_mib']:8.0f}  "
                   f"exit {row['exit_mib']:8.0f} MiB", flush=True)
     if args.out:
-        from pathlab.atomic import atomic_write_text
+        from pathlab.results import write_benchmark_result
 
-        given = sys.argv[1:] if argv is None else argv
-        atomic_write_text(args.out, json.dumps(dict(command="python benchmarks/memory_phases.py " + " ".join(given),
-                                                    results=results), indent=1))
+        write_benchmark_result(args.out, "benchmarks/memory_phases.py", sys.argv[1:] if argv is None else argv,
+                               results=results)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,10 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
-        from pathlab.atomic import atomic_write_text
+        from pathlab.results import write_benchmark_result
 
-        given = sys.argv[1:] if argv is None else argv
-        atomic_write_text(args.out, json.dumps(dict(command="python benchmarks/schedule_balance.py " + " ".join(given),
-                                                    rows=rows), indent=1))
+        write_benchmark_result(args.out, "benchmarks/schedule_balance.py", sys.argv[1:] if argv is None else argv,
+                               rows=rows)
 
 
 if __name__ == "__main__":

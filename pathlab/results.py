@@ -173,3 +173,14 @@ def read_results(path: str | os.PathLike) -> dict:
         if key not in record:
             raise ValueError(f"{path} lacks the field {key!r}; regenerate it with `pathlab figures`")
     return record
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# benchmark result files
+
+
+def write_benchmark_result(path: str | os.PathLike, script: str, argv, **payload) -> Path:
+    """A benchmark's JSON result file, atomically: ``{"command": "python <script> <argv…>", **payload}``, so that
+    the file says how it was made."""
+    command = " ".join(["python", script, *argv])
+    return atomic_write_text(path, json.dumps(dict(command=command, **to_jsonable(payload)), indent=1))

@@ -260,3 +260,14 @@ def test_schedule_balance_deals_every_item_once_and_evenly():
                 assert slots == list(range(n_items)), (n_items, programs, snake)
     assert balance.most_loaded_over_mean(2, 256, 1, 132, snake=False) > 1.2
     assert balance.most_loaded_over_mean(2, 256, 1, 132, snake=True) < 1.02
+
+
+def test_benchmark_result_file_says_how_it_was_made(tmp_path):
+    import json
+
+    from pathlab.results import write_benchmark_result
+
+    path = write_benchmark_result(tmp_path / "r.json", "benchmarks/x.py", ["--out", "r.json"], rows=[{"a": 1.5}],
+                                  peak=torch.tensor(2.5))
+    assert json.loads(path.read_text()) == {"command": "python benchmarks/x.py --out r.json", "rows": [{"a": 1.5}],
+                                            "peak": 2.5}
