@@ -74,15 +74,13 @@ def test_rotation_bf16_gradients_under_each_sdpa_backend(rotate_values, backend)
         assert rel_err(got, want) < 2e-2, f"{backend}: d{name} {rel_err(got, want):.2e}"
 
 
-@pytest.mark.parametrize("rotate_values", [False, True], ids=["qk", "qkv"])
-@pytest.mark.parametrize("variant", ["rope", "rotation"])
+@pytest.mark.parametrize("variant,rotate_values", [("rope", False), ("rotation", False), ("rotation", True)],
+                         ids=["rope-qk", "rotation-qk", "rotation-qkv"])  # RoPE rotates queries and keys only
 def test_rotation_kernel_matches_the_pytorch_rotation(variant, rotate_values, monkeypatch):
     """RoPE and constant-angle rotations run through ``pathlab::rotate_pairs`` on CUDA; the same call with
     ``PATHLAB_ROTATE=torch`` (the PyTorch expression) and the fp64 reference agree with it, output and gradients."""
     from pathlab.ops import positions
 
-    if variant == "rope" and rotate_values:
-        pytest.skip("RoPE rotates queries and keys only")
     q, k, v, theta, _ = _inputs(2, 333, 4, 64, torch.bfloat16)
     theta = theta.detach()  # constant angles, as the random rotations have: the op's case
 
