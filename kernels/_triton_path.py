@@ -122,14 +122,11 @@ def _path_bwd_kernel(
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    HEAD_MAJOR: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
-    dealt in a snake (module docstring), else in one direction every round. HEAD_MAJOR: the item slots
-    run through all chunks of one head before the next head (else through all heads of one chunk), so that the
-    items running at once share one head's key-side tiles and sums in L2."""
+    dealt in a snake (module docstring), else in one direction every round."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -150,12 +147,8 @@ def _path_bwd_kernel(
             rnd = item // nprog
             width = tl.where(rnd < full_rounds, nprog, n_items - full_rounds * nprog)
             slot = tl.where(rnd % 2 == 1, rnd * nprog + width - 1 - pid, item)
-        if HEAD_MAJOR:
-            n = tl.load(ORDER + slot % NC).to(tl.int64)
-            h = (slot // NC).to(tl.int64)
-        else:
-            n = tl.load(ORDER + slot // NH).to(tl.int64)
-            h = (slot % NH).to(tl.int64)
+        n = tl.load(ORDER + slot // NH).to(tl.int64)
+        h = (slot % NH).to(tl.int64)
         hk = h // GROUP
         c = tl.load(CHUNK_INDEX + n)
         first = tl.load(CHUNK_FIRST + n).to(tl.int64)

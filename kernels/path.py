@@ -187,10 +187,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
         # less time at D = 64 and 2% more at D = 128 (benchmarks/results/kernels-h200-prefetch.json)
         PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64),
-        # the work items dealt in a snake (PATHLAB_PATH_BWD_SNAKE), for balance; not yet measured on a GPU
+        # the work items dealt in a snake (PATHLAB_PATH_BWD_SNAKE), for balance: on an H200 fwd+bwd took 16%
+        # less time at 16×128, 1-2% less at 12×64 (benchmarks/results/kernels-h200-head-groups-snake.json)
         SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True),
-        # the items of one head before the next head's (PATHLAB_PATH_BWD_HEAD_MAJOR), for L2 locality
-        HEAD_MAJOR=_switch("PATHLAB_PATH_BWD_HEAD_MAJOR", False),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",

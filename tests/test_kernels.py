@@ -95,18 +95,15 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
 
 
-@pytest.mark.parametrize("prefetch, snake, head_major", [("0", "1", "0"), ("1", "0", "0"), ("1", "1", "1")],
-                         ids=["no-prefetch", "prefetch-no-snake", "head-major"])
+@pytest.mark.parametrize("prefetch, snake", [("0", "1"), ("1", "0")], ids=["no-prefetch", "prefetch-no-snake"])
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 2, 7)])
-def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, head_major, B, T, H, Hkv, D, DV, dtype,
-                                            gate, beta_range, block):
+def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, B, T, H, Hkv, D, DV, dtype, gate,
+                                            beta_range, block):
     """The λ scan loading the next carried state one pair ahead or not (``PATHLAB_PATH_BWD_PREFETCH``; on by
-    default at D ≤ 64, off at D = 128), the work items dealt in one direction instead of the default snake
-    (``PATHLAB_PATH_BWD_SNAKE``), and taken head by head (``PATHLAB_PATH_BWD_HEAD_MAJOR``), on gated and
-    ungated inputs."""
+    default at D ≤ 64, off at D = 128), and the work items dealt in one direction instead of the default snake
+    (``PATHLAB_PATH_BWD_SNAKE``), on gated and ungated inputs."""
     monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", prefetch)
     monkeypatch.setenv("PATHLAB_PATH_BWD_SNAKE", snake)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_HEAD_MAJOR", head_major)
     inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
