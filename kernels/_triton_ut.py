@@ -31,6 +31,8 @@ and the group's sums run one program per query head and the sums meet in fp32 at
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -428,8 +430,10 @@ _INVERSE_NUM_WARPS = 2  # the inverse works on 16×16 blocks; on an H200, 2 warp
 #                          4 warps 0.44 ms, 8 warps 1.13 ms (benchmarks/results/ut-transform-h200-blocked-inverse.json)
 
 
-def _launch(kernel, grid, *args, BT, D, num_warps=_NUM_WARPS, **meta):
-    """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error."""
+def _launch(kernel, grid, *args, BT, D, num_warps=None, **meta):
+    """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error.
+    ``num_warps`` defaults to ``_NUM_WARPS``, or to ``PATHLAB_PATH_UT_WARPS`` when set (for measurements)."""
+    num_warps = num_warps or int(os.environ.get("PATHLAB_PATH_UT_WARPS") or _NUM_WARPS)
     try:
         kernel[grid](*args, BT=BT, D=D, **meta, num_warps=num_warps)
     except OutOfResources as err:
