@@ -423,19 +423,23 @@ def _ut_bwd_inverse_kernel(
 # ---------------------------------------------------------------------------------------------------------
 # Custom ops, as for the scan (see ``path``): opaque to torch.compile, joined by ``register_autograd``.
 
-_NUM_WARPS = 8  # two warp groups: each fp32 [BT, D] tile takes half the registers per thread that 4 warps need
+def num_warps(D: int) -> int:
+    """Warps of the UT kernels (the inverse has its own): 4 at D ≤ 64, 8 (two warp groups, each fp32 [BT, D] tile
+    at half the registers per thread) at D = 128. ``PATHLAB_PATH_UT_WARPS`` overrides, for measurements. At
+    D = 64 on an H200, 4 warps took 4.5% off a PaTH forward+backward at T = 512 and 2% at T = 4096, against 8
+    (``benchmarks/results/kernels-h200-ut-warps.json``)."""
+    return int(os.environ.get("PATHLAB_PATH_UT_WARPS") or (4 if D <= 64 else 8))
 
 
 _INVERSE_NUM_WARPS = 2  # the inverse works on 16×16 blocks; on an H200, 2 warps took 0.29 ms for 6144 inverses,
 #                          4 warps 0.44 ms, 8 warps 1.13 ms (benchmarks/results/ut-transform-h200-blocked-inverse.json)
 
 
-def _launch(kernel, grid, *args, BT, D, num_warps=None, **meta):
-    """Launch one UT kernel; a configuration whose tiles do not fit the GPU's shared memory gets a clear error.
-    ``num_warps`` defaults to ``_NUM_WARPS``, or to ``PATHLAB_PATH_UT_WARPS`` when set (for measurements)."""
-    num_warps = num_warps or int(os.environ.get("PATHLAB_PATH_UT_WARPS") or _NUM_WARPS)
+def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
+    """Launch one UT kernel (with ``num_warps(D)`` warps unless ``warps`` is given); a configuration whose tiles
+    do not fit the GPU's shared memory gets a clear error."""
     try:
-        kernel[grid](*args, BT=BT, D=D, **meta, num_warps=num_warps)
+        kernel[grid](*args, BT=BT, D=D, **meta, num_warps=warps or num_warps(D))
     except OutOfResources as err:
         group = f", {meta['GROUP']} query heads per kv head" if "GROUP" in meta else ""
         raise RuntimeError(
@@ -462,7 +466,7 @@ def _inverse(w, beta, tokens, T, BT, out=None):
     a = torch.empty((Hkv, NC, BT, BT), dtype=torch.float32, device=w.device) if out is None else out
     if NC > 0:
         _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
-                BT=BT, D=D, num_warps=_INVERSE_NUM_WARPS)
+                BT=BT, D=D, warps=_INVERSE_NUM_WARPS)
     return a
 
 
