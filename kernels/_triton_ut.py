@@ -428,7 +428,10 @@ def num_warps(D: int) -> int:
     at half the registers per thread) at D = 128. ``PATHLAB_PATH_UT_WARPS`` overrides, for measurements. At
     D = 64 on an H200, 4 warps took 4.5% off a PaTH forward+backward at T = 512 and 2% at T = 4096, against 8
     (``benchmarks/results/kernels-h200-ut-warps.json``)."""
-    return int(os.environ.get("PATHLAB_PATH_UT_WARPS") or (4 if D <= 64 else 8))
+    value = os.environ.get("PATHLAB_PATH_UT_WARPS") or ""
+    if value and value not in ("1", "2", "4", "8", "16"):
+        raise ValueError(f"PATHLAB_PATH_UT_WARPS must be 1, 2, 4, 8 or 16, got {value!r}")
+    return int(value) if value else 4 if D <= 64 else 8
 
 
 _INVERSE_NUM_WARPS = 2  # the inverse works on 16×16 blocks; on an H200, 2 warps took 0.29 ms for 6144 inverses,

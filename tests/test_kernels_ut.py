@@ -101,6 +101,18 @@ def test_split_backward_by_head_dim(monkeypatch):
         split_backward(16)
 
 
+def test_warps_by_head_dim(monkeypatch):
+    from pathlab.kernels._triton_ut import num_warps
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_WARPS", raising=False)
+    assert [num_warps(d) for d in (16, 32, 64, 128)] == [4, 4, 4, 8]
+    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "8")
+    assert num_warps(64) == 8
+    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "3")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_WARPS must be"):
+        num_warps(64)
+
+
 @pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
 def test_packed_sequences(split, monkeypatch):
     monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
