@@ -266,6 +266,17 @@ def test_auto_backend_falls_back_with_one_warning(monkeypatch):
     assert dispatch.resolve_backend("auto", torch.device("cpu")) == "torch"  # never a T×T path
 
 
+def test_missing_kernel_package_says_to_install_the_project():
+    """A checkout used through PYTHONPATH alone has no ``pathlab.kernels`` (the install maps ``kernels/`` to it):
+    the error says so; other import errors pass through unchanged."""
+    import pathlab.ops.path as dispatch
+
+    missing = ModuleNotFoundError("No module named 'pathlab.kernels'", name="pathlab.kernels")
+    assert "pip install -e ." in str(dispatch._explained(missing))
+    other = ModuleNotFoundError("No module named 'triton'", name="triton")
+    assert dispatch._explained(other) is other
+
+
 def test_gate_offsets_keep_precision_over_long_sequences():
     """G_i − G_j from (fp64 chunk offset + fp32 local cumsum) matches an fp64 cumsum at 100K tokens."""
     from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks

@@ -27,8 +27,17 @@ def _triton_kernel():
     try:
         from pathlab.kernels import path_attention_triton
     except ImportError as err:  # triton missing, or the kernel module not built for this install
-        return err
+        return _explained(err)
     return path_attention_triton
+
+
+def _explained(err: ImportError) -> ImportError:
+    """``err``, with what to do when ``pathlab.kernels`` itself is missing: the package maps the checkout's
+    ``kernels/`` folder to that name when installed, so a checkout used through ``PYTHONPATH`` alone lacks it."""
+    if isinstance(err, ModuleNotFoundError) and err.name == "pathlab.kernels":
+        return ImportError(f"{err}: install the project (pip install -e . in the checkout), which maps the "
+                           "kernels/ folder to pathlab.kernels")
+    return err
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
