@@ -26,7 +26,7 @@ from triton.compiler import ASTSource
 
 # Pointer arguments by name (the kernels spell pointers in capitals; any other is fp32), and the capitalised
 # integer arguments.
-POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "KS_SCAN": "*fp16",
+POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "O": "*bf16", "KS_SCAN": "*fp16",
             "M_SCAN": "*fp16", "SCRATCH": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
 INTEGERS = ("NC", "NH", "T", "NTOK")

@@ -115,7 +115,7 @@ def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
 
 @triton.jit
 def _path_bwd_kernel(
-    QS, KS, V, M, SD, GL, GO, DO, LSE, DELTA,
+    QS, KS, V, M, SD, GL, GO, DO, O, LSE,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
@@ -155,7 +155,8 @@ def _path_bwd_kernel(
         qrow = (h * NC + n) * BT
         do = tl.load(DO + qrow * DV + tile_v)
         lse = tl.load(LSE + qrow + rows)
-        delta = tl.load(DELTA + qrow + rows)
+        # δ_i = dO_i · o_i, here rather than in a pass of its own over dO and o
+        delta = tl.sum(do.to(tl.float32) * tl.load(O + qrow * DV + tile_v).to(tl.float32), 1)
         dg_row = tl.zeros([BT], dtype=tl.float32)
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634

@@ -157,7 +157,6 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # δ_i = dO_i · o_i          [H, NC, BT]
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
@@ -177,7 +176,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-        do, lse, delta,
+        do, o, lse,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
