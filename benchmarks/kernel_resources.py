@@ -94,17 +94,21 @@ def cases(dims, GROUP=1):
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32"), 4, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
-        yield f"ut_fwd_kernel D{D}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D), _triton_ut.num_warps(D), False
-        # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
-        yield (f"ut_bwd_heads_kernel D{D}", _triton_ut._ut_bwd_heads_kernel, dict(GROUP=GROUP, BT=64, D=D),
-               _triton_ut.num_warps(D), False)
-        for split in (False, True):
-            yield (f"ut_bwd_chunk_kernel D{D} split={split}", _triton_ut._ut_bwd_chunk_kernel,
-                   dict(BT=64, D=D, SPLIT=split), _triton_ut.num_warps(D), False)
-        for name in ("_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):
-            kernel = getattr(_triton_ut, name)
-            constexprs = dict(BT=64, D=D, **({"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}))
-            yield f"{name.strip('_')} D{D}", kernel, constexprs, _triton_ut.num_warps(D), False
+        for half in (False, True):  # tf32 products, or fp16 on operands scaled by powers of two
+            tag = " half" if half else ""
+            yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),
+                   _triton_ut.num_warps(D), False)
+            # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
+            yield (f"ut_bwd_heads_kernel D{D}{tag}", _triton_ut._ut_bwd_heads_kernel,
+                   dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
+            for split in (False, True):
+                yield (f"ut_bwd_chunk_kernel D{D} split={split}{tag}", _triton_ut._ut_bwd_chunk_kernel,
+                       dict(BT=64, D=D, SPLIT=split, HALF=half), _triton_ut.num_warps(D), False)
+            for name in ("_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):
+                kernel = getattr(_triton_ut, name)
+                group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}
+                yield (f"{name.strip('_')} D{D}{tag}", kernel, dict(BT=64, D=D, HALF=half, **group),
+                       _triton_ut.num_warps(D), False)
 
 
 def main(argv=None):

@@ -51,6 +51,29 @@ PRECISION: tl.constexpr = tl.constexpr("tf32")
 
 
 @triton.jit
+def _to_half(x):
+    """(h, s) with x = s·h up to fp16 rounding: h fp16, s = 2^(⌊log₂ max|x|⌋ − 14), so max|h| lies in [2¹⁴, 2¹⁵)
+    and every element above max|x|·2⁻²⁸ keeps fp16's 11-bit significand, tf32's, whatever the scale of x
+    (a gradient of 1e-8 included; s is a power of two, so the scaling itself is exact)."""
+    big = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    s = tl.exp2(tl.floor(tl.log2(tl.maximum(big, 1e-30))) - 14.0)
+    return (x / s).to(tl.float16), s
+
+
+@triton.jit
+def _mm(a, b, HALF: tl.constexpr):
+    """a·b in fp32 from fp32 tiles: a 1-pass tf32 product (PRECISION), or with ``HALF`` an fp16 product of the
+    operands scaled by ``_to_half``: the same 11-bit operand significands, in half the shared memory, at twice
+    the tensor cores' tf32 rate, for two reductions per product."""
+    if HALF:
+        ah, sa = _to_half(a)
+        bh, sb = _to_half(b)
+        return tl.dot(ah, bh) * (sa * sb)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
     """Rows ``[BT, D]`` of ``X[b, t, :]`` (X already offset to one head) for the chunk's flat tokens b·T + t,
     in fp32, zeros for padding."""
@@ -160,12 +183,12 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 
 
 @triton.jit
-def _chunk_factors(a, w, k, b, rows):
+def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
     """A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
     ad = a * b[None, :]
-    u = tl.dot(ad, w, input_precision=PRECISION)
-    wk = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
-    x = tl.dot(ad, wk, input_precision=PRECISION)
+    u = _mm(ad, w, HALF)
+    wk = tl.where(rows[:, None] > rows[None, :], _mm(w, tl.trans(k), HALF), 0.0)
+    x = _mm(ad, wk, HALF)
     return ad, u, wk, x
 
 
@@ -173,47 +196,47 @@ def _chunk_factors(a, w, k, b, rows):
 def _ut_fwd_kernel(
     Q, K, W, BETA, TOK, AINV, QS, KS, M, SD, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    tl.store(KS + out, k - tl.dot(tl.trans(x), w, input_precision=PRECISION))
+    tl.store(KS + out, k - _mm(tl.trans(x), w, HALF))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
-             tl.dot(tl.trans(w), u, input_precision=PRECISION))
+             _mm(tl.trans(w), u, HALF))
     lower = rows[:, None] >= rows[None, :]
     for gi in range(GROUP):
         h = hk * GROUP + gi
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
+        qw = tl.where(lower, _mm(q, tl.trans(w), HALF), 0.0)
         qrow = (h * NC + n) * BT + rows[:, None]
-        tl.store(QS + qrow * D + dcol[None, :], q - tl.dot(qw, u, input_precision=PRECISION))
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) - tl.dot(qw, x, input_precision=PRECISION)
+        tl.store(QS + qrow * D + dcol[None, :], q - _mm(qw, u, HALF))
+        s = _mm(q, tl.trans(k), HALF) - _mm(qw, x, HALF)
         tl.store(SD + qrow * BT + rows[None, :], s)
 
 
 @triton.jit
-def _end_gradients(w, u, x, dk_end, dm):
+def _end_gradients(w, u, x, dk_end, dm, HALF: tl.constexpr):
     """The paths through k̃ = K − Xᵀ W and M = Wᵀ U: (dU, dX, dK, dW) so far."""
-    du = tl.dot(w, dm, input_precision=PRECISION)  # M = Wᵀ U
-    dw = tl.dot(u, tl.trans(dm), input_precision=PRECISION)
-    dx = -tl.dot(w, tl.trans(dk_end), input_precision=PRECISION)  # k̃ = K − Xᵀ W
-    dw -= tl.dot(x, dk_end, input_precision=PRECISION)
+    du = _mm(w, dm, HALF)  # M = Wᵀ U
+    dw = _mm(u, tl.trans(dm), HALF)
+    dx = -_mm(w, tl.trans(dk_end), HALF)  # k̃ = K − Xᵀ W
+    dw -= _mm(x, dk_end, HALF)
     return du, dx, dk_end, dw
 
 
 @triton.jit
 def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
-                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr):
+                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
     """The program's chunk (as ``_this_chunk``), U, X, the offsets of its ``[BT, D]`` rows and
     :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows)
+    ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm)
+    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm, HALF)
     return n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw
 
 
@@ -221,13 +244,13 @@ def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t
 def _ut_bwd_end_kernel(
     K, W, BETA, TOK, AINV, DKS, DM, DU, DX, DKP, DWP, US, XS, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
     ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
     holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
     n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -238,23 +261,23 @@ def _ut_bwd_end_kernel(
 
 
 @triton.jit
-def _query_head_dq(dq_start, ds, u, x, k, w, lower):
+def _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF: tl.constexpr):
     """One query head's dQ (final) and dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ)."""
-    dqw = -(tl.dot(dq_start, tl.trans(u), input_precision=PRECISION)
-            + tl.dot(ds, tl.trans(x), input_precision=PRECISION))
+    dqw = -(_mm(dq_start, tl.trans(u), HALF)
+            + _mm(ds, tl.trans(x), HALF))
     dqw = tl.where(lower, dqw, 0.0)
-    dq = dq_start + tl.dot(ds, k, input_precision=PRECISION) + tl.dot(dqw, w, input_precision=PRECISION)
+    dq = dq_start + _mm(ds, k, HALF) + _mm(dqw, w, HALF)
     return dq, dqw
 
 
 @triton.jit
-def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw):
+def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF: tl.constexpr):
     """One query head's terms of dU, dX, dK and dW (the sums over the group)."""
-    qw = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PRECISION), 0.0)
-    du -= tl.dot(tl.trans(qw), dq_start, input_precision=PRECISION)
-    dx -= tl.dot(tl.trans(qw), ds, input_precision=PRECISION)
-    dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-    dw += tl.dot(tl.trans(dqw), q, input_precision=PRECISION)
+    qw = tl.where(lower, _mm(q, tl.trans(w), HALF), 0.0)
+    du -= _mm(tl.trans(qw), dq_start, HALF)
+    dx -= _mm(tl.trans(qw), ds, HALF)
+    dk += _mm(tl.trans(ds), q, HALF)
+    dw += _mm(tl.trans(dqw), q, HALF)
     return du, dx, dk, dw
 
 
@@ -262,12 +285,12 @@ def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw):
 def _ut_bwd_heads_kernel(
     Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
     (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
     n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -275,10 +298,10 @@ def _ut_bwd_heads_kernel(
         qrow = (h * NC + n) * BT + rows[:, None]
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
         ds = tl.load(DSD + qrow * BT + rows[None, :])
-        dq, dqw = _query_head_dq(dq_start, ds, u, x, k, w, lower)
+        dq, dqw = _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw)
+        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF)
     tl.store(DU + chunk, du)
     tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
     tl.store(DKP + chunk, dk)
@@ -310,7 +333,7 @@ def _query_head_chunk(W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
 def _ut_bwd_dq_kernel(
     K, W, BETA, TOK, DQS, DSD, DQ, US, XS, DQW, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, split form: one program per (chunk, query head): dq (final) from U and X (``US``, ``XS``, from
     ``_ut_bwd_end_kernel``), and dQ_W into ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``."""
@@ -318,7 +341,7 @@ def _ut_bwd_dq_kernel(
         W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, GROUP, BT, D)
     k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
     dq, dqw = _query_head_dq(tl.load(DQS + head_chunk), tl.load(DSD + head_square), tl.load(US + kv_chunk),
-                             tl.load(XS + kv_square), k, w, rows[:, None] >= rows[None, :])
+                             tl.load(XS + kv_square), k, w, rows[:, None] >= rows[None, :], HALF)
     tl.store(DQ + (tok[:, None] * tl.num_programs(1) + h) * D + dcol[None, :], dq, mask=valid[:, None])
     tl.store(DQW + head_square, dqw)
 
@@ -327,7 +350,7 @@ def _ut_bwd_dq_kernel(
 def _ut_bwd_sums_kernel(
     Q, W, BETA, TOK, DQS, DSD, DQW, DU, DX, DKP, DWP, T, NTOK,
     sq_b, sq_t, sq_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, split form: one program per (chunk, query head) adds :func:`_query_head_sums` to the scratch
     that ``_ut_bwd_end_kernel`` wrote, by fp32 atomics (the heads of a group meet there; no loop over the
@@ -338,7 +361,7 @@ def _ut_bwd_sums_kernel(
     zero_d = tl.zeros((BT, D), tl.float32)
     du, dx, dk, dw = _query_head_sums(q, w, tl.load(DQS + head_chunk), tl.load(DSD + head_square),
                                       tl.load(DQW + head_square), rows[:, None] >= rows[None, :],
-                                      zero_d, tl.zeros((BT, BT), tl.float32), zero_d, zero_d)
+                                      zero_d, tl.zeros((BT, BT), tl.float32), zero_d, zero_d, HALF)
     tl.atomic_add(DU + kv_chunk, du, sem="relaxed")
     tl.atomic_add(DX + kv_square, dx, sem="relaxed")
     tl.atomic_add(DKP + kv_chunk, dk, sem="relaxed")
@@ -349,7 +372,7 @@ def _ut_bwd_sums_kernel(
 def _ut_bwd_chunk_kernel(
     K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, DAD, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, second half: from dU, dX and the partial dk, dw, the paths through U = A D_β W,
     X = A D_β strictLower(W Kᵀ), the inverse and the normalisation; writes dk, dw and dβ in the token layout.
@@ -359,7 +382,7 @@ def _ut_bwd_chunk_kernel(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     strict = rows[:, None] > rows[None, :]
     ad = a * b[None, :]
-    wk = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PRECISION), 0.0)
+    wk = tl.where(strict, _mm(w, tl.trans(k), HALF), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     du = tl.load(DU + chunk)
@@ -367,23 +390,23 @@ def _ut_bwd_chunk_kernel(
     dk = tl.load(DKP + chunk)
     dw = tl.load(DWP + chunk)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
-    dad = tl.dot(du, tl.trans(w), input_precision=PRECISION) + tl.dot(dx, tl.trans(wk), input_precision=PRECISION)
-    dw += tl.dot(tl.trans(ad), du, input_precision=PRECISION)
-    dwk = tl.where(strict, tl.dot(tl.trans(ad), dx, input_precision=PRECISION), 0.0)
-    dw += tl.dot(dwk, k, input_precision=PRECISION)
-    dk += tl.dot(tl.trans(dwk), w, input_precision=PRECISION)
+    dad = _mm(du, tl.trans(w), HALF) + _mm(dx, tl.trans(wk), HALF)
+    dw += _mm(tl.trans(ad), du, HALF)
+    dwk = tl.where(strict, _mm(tl.trans(ad), dx, HALF), 0.0)
+    dw += _mm(dwk, k, HALF)
+    dk += _mm(tl.trans(dwk), w, HALF)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     if SPLIT:
         tl.store(DAD + square, dad)
         tl.store(DWP + chunk, dw)
     else:
-        _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D)
+        _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
 
 
 @triton.jit
 def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA,
-                                BT: tl.constexpr, D: tl.constexpr):
+                                BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
     """From d(A D_β) and dw so far: the paths through A D_β, A = (I + N)⁻¹, N = strictLower(D_β W Wᵀ) and
     the normalisation of w; stores dw and dβ in the token layout."""
     rows = tl.arange(0, BT)
@@ -391,11 +414,11 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
     da = dad * b[None, :]
     db = tl.sum(a * dad, axis=0)
     at = tl.trans(a)
-    dn = -tl.dot(tl.dot(at, da, input_precision=PRECISION), at, input_precision=PRECISION)
+    dn = -_mm(_mm(at, da, HALF), at, HALF)
     dn = tl.where(strict, dn, 0.0)
-    db += tl.sum(dn * tl.dot(w, tl.trans(w), input_precision=PRECISION), axis=1)
+    db += tl.sum(dn * _mm(w, tl.trans(w), HALF), axis=1)
     dgram = dn * b[:, None]
-    dw += tl.dot(dgram + tl.trans(dgram), w, input_precision=PRECISION)
+    dw += _mm(dgram + tl.trans(dgram), w, HALF)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
@@ -407,7 +430,7 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
 @triton.jit
 def _ut_bwd_inverse_kernel(
     W, BETA, TOK, AINV, DAD, DWP, DW, DBETA, NC, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, split form, last part: ``_inverse_and_norm_gradients`` from the d(A D_β) and dw that
     ``_ut_bwd_chunk_kernel`` (with ``SPLIT``) left in scratch."""
@@ -417,7 +440,7 @@ def _ut_bwd_inverse_kernel(
     a = tl.load(AINV + square)
     dad = tl.load(DAD + square)
     dw = tl.load(DWP + ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :])
-    _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D)
+    _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -448,6 +471,12 @@ def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
         raise RuntimeError(
             f"the fused UT kernels do not fit this GPU for head dim {D}{group} and block size {BT} ({err}); "
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
+
+
+def half_operands() -> bool:
+    """Whether the UT kernels' products take fp16 operands scaled by powers of two (``_mm``) instead of tf32
+    (``PATHLAB_PATH_UT_HALF``: auto, 0, 1; auto = tf32). The inverse is exact fp32 either way."""
+    return switch("PATHLAB_PATH_UT_HALF", False)
 
 
 def split_backward(D):
@@ -504,9 +533,10 @@ def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32):
     m = unwritten((Hkv, NC, D, D), dtype=scan_dtype, device=q.device)
     sd = unwritten((H, NC, BT, BT), **f32)
     a = _inverse(w, beta, tokens, T, BT)
+    half = half_operands()
     if NC > 0:
         _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, a, qs, ks, m, sd, NC, T, B * T,
-                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D)
+                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, HALF=half)
     return qs, ks, m, sd, a
 
 
@@ -542,13 +572,13 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
     dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
-    split = split_backward(D)
+    split, half = split_backward(D), half_operands()
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
             us, xs = torch.empty_like(du), torch.empty_like(dx)  # U, X; xs then takes d(A D_β)
             _launch(_ut_bwd_end_kernel, (NC, Hkv), k, w, beta, tokens, a, dks, dm, du, dx, dk_part, dw_part, us, xs,
-                    NC, T, B * T, *strides[3:], BT=BT, D=D)
+                    NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
             del dm, dks
     # every token sits in exactly one chunk row, so the kernels write every element (NaN shows one they missed)
     dq, dk, dw = (unwritten(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w))
@@ -557,18 +587,18 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
         if split:
             dqw = torch.empty((H, NC, BT, BT), **out)  # each query head's dQ_W
             _launch(_ut_bwd_dq_kernel, (NC, H), k, w, beta, tokens, dqs, dsd, dq, us, xs, dqw, T, B * T,
-                    *strides[3:], GROUP=H // Hkv, BT=BT, D=D)
+                    *strides[3:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
             _launch(_ut_bwd_sums_kernel, (NC, H), q, w, beta, tokens, dqs, dsd, dqw, du, dx, dk_part, dw_part,
-                    T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D)
+                    T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         else:
             xs = dx  # not read
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
-                    dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D)
+                    dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
-                xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split)
+                xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split, HALF=half)
         if split:
             _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
-                    *strides[6:], BT=BT, D=D)
+                    *strides[6:], BT=BT, D=D, HALF=half)
     return dq, dk, dw, dbeta
 
 

@@ -50,12 +50,12 @@ def pytorch_route(q, k, w, beta, layout):
     return ut_factors(*(to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))))
 
 
-def compare(inputs, layout, tol=2e-5, seed=0):
+def compare(inputs, layout, tol=2e-5, seed=0, upstream_scale=1.0):
     leaves = [x.detach().requires_grad_() for x in inputs]
     want = pytorch_route(*leaves, layout)
     got = ut_factors_triton(*leaves, layout)
     gen = torch.Generator().manual_seed(seed)
-    upstream = [torch.randn(t.shape, generator=gen) for t in want]
+    upstream = [torch.randn(t.shape, generator=gen) * upstream_scale for t in want]
     want_grads = torch.autograd.grad(want, leaves, upstream, retain_graph=True)
     got_grads = torch.autograd.grad(got, leaves, upstream)
     results = list(got) + list(got_grads)
@@ -87,6 +87,36 @@ def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, split, m
     monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare(inputs, build_layout(B, T, BT, "cpu"))
+
+
+HALF_CASES = [CASES[1], CASES[2], CASES[6]]  # grouped heads at D = 32, D = 64 with BT = 32, β near 2
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+@pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
+@pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", HALF_CASES)
+def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, D, BT, beta_range, scale, split,
+                                                                  monkeypatch):
+    """``PATHLAB_PATH_UT_HALF=1``: fp16 products on operands scaled by powers of two. Their 11-bit significands
+    are tf32's, so the errors stay near 2⁻¹¹ (the interpreter's tf32 products are exact fp32, hence the looser
+    tolerance than above) with upstream gradients of 1e-9, which unscaled fp16 would flush to zero, and of 1e6,
+    with keys of 1e4, whose products would overflow it."""
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
+    q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
+    compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale)
+
+
+def test_half_operands_setting(monkeypatch):
+    from pathlab.kernels._triton_ut import half_operands
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
+    assert not half_operands()
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
+    assert half_operands()
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fp16")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_HALF must be one of"):
+        half_operands()
 
 
 def test_split_backward_by_head_dim(monkeypatch):
