@@ -55,19 +55,29 @@ def _to_half(x):
     """(h, s) with x = s·h up to fp16 rounding: h fp16, s = 2^(⌊log₂ max|x|⌋ − 14), so max|h| lies in [2¹⁴, 2¹⁵)
     and every element above max|x|·2⁻²⁸ keeps fp16's 11-bit significand, tf32's, whatever the scale of x
     (a gradient of 1e-8 included; s is a power of two, so the scaling itself is exact)."""
-    big = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    s = tl.exp2(tl.floor(tl.log2(tl.maximum(big, 1e-30))) - 14.0)
-    return (x / s).to(tl.float16), s
+    e = tl.floor(tl.log2(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-30)))
+    return (x * tl.exp2(14.0 - e)).to(tl.float16), tl.exp2(e - 14.0)  # a multiply, not a divide, per element
 
 
 @triton.jit
-def _mm(a, b, HALF: tl.constexpr):
+def _half_operand(x, UNIT: tl.constexpr):
+    """``_to_half(x)``, or for ``UNIT`` (rows or columns of w: every |element| ≤ 1) x in fp16 as it is, without
+    the reduction (an element below fp16's smallest normal, 2⁻¹⁴, is off by at most 2⁻²⁵)."""
+    if UNIT:
+        return x.to(tl.float16), 1.0
+    else:
+        return _to_half(x)
+
+
+@triton.jit
+def _mm(a, b, HALF: tl.constexpr, A_UNIT: tl.constexpr = False, B_UNIT: tl.constexpr = False):
     """a·b in fp32 from fp32 tiles: a 1-pass tf32 product (PRECISION), or with ``HALF`` an fp16 product of the
-    operands scaled by ``_to_half``: the same 11-bit operand significands, in half the shared memory, at twice
-    the tensor cores' tf32 rate, for two reductions per product."""
+    operands scaled by ``_half_operand``: the same 11-bit operand significands, in half the shared memory, at
+    twice the tensor cores' tf32 rate, for up to two reductions per product (``A_UNIT``, ``B_UNIT``: an operand
+    from w, which needs none)."""
     if HALF:
-        ah, sa = _to_half(a)
-        bh, sb = _to_half(b)
+        ah, sa = _half_operand(a, A_UNIT)
+        bh, sb = _half_operand(b, B_UNIT)
         return tl.dot(ah, bh) * (sa * sb)
     else:
         return tl.dot(a, b, input_precision=PRECISION)
@@ -186,8 +196,8 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
     """A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
     ad = a * b[None, :]
-    u = _mm(ad, w, HALF)
-    wk = tl.where(rows[:, None] > rows[None, :], _mm(w, tl.trans(k), HALF), 0.0)
+    u = _mm(ad, w, HALF, B_UNIT=True)
+    wk = tl.where(rows[:, None] > rows[None, :], _mm(w, tl.trans(k), HALF, A_UNIT=True), 0.0)
     x = _mm(ad, wk, HALF)
     return ad, u, wk, x
 
@@ -202,14 +212,14 @@ def _ut_fwd_kernel(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    tl.store(KS + out, k - _mm(tl.trans(x), w, HALF))
+    tl.store(KS + out, k - _mm(tl.trans(x), w, HALF, B_UNIT=True))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
-             _mm(tl.trans(w), u, HALF))
+             _mm(tl.trans(w), u, HALF, A_UNIT=True))
     lower = rows[:, None] >= rows[None, :]
     for gi in range(GROUP):
         h = hk * GROUP + gi
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        qw = tl.where(lower, _mm(q, tl.trans(w), HALF), 0.0)
+        qw = tl.where(lower, _mm(q, tl.trans(w), HALF, B_UNIT=True), 0.0)
         qrow = (h * NC + n) * BT + rows[:, None]
         tl.store(QS + qrow * D + dcol[None, :], q - _mm(qw, u, HALF))
         s = _mm(q, tl.trans(k), HALF) - _mm(qw, x, HALF)
@@ -219,9 +229,9 @@ def _ut_fwd_kernel(
 @triton.jit
 def _end_gradients(w, u, x, dk_end, dm, HALF: tl.constexpr):
     """The paths through k̃ = K − Xᵀ W and M = Wᵀ U: (dU, dX, dK, dW) so far."""
-    du = _mm(w, dm, HALF)  # M = Wᵀ U
+    du = _mm(w, dm, HALF, A_UNIT=True)  # M = Wᵀ U
     dw = _mm(u, tl.trans(dm), HALF)
-    dx = -_mm(w, tl.trans(dk_end), HALF)  # k̃ = K − Xᵀ W
+    dx = -_mm(w, tl.trans(dk_end), HALF, A_UNIT=True)  # k̃ = K − Xᵀ W
     dw -= _mm(x, dk_end, HALF)
     return du, dx, dk_end, dw
 
@@ -266,14 +276,14 @@ def _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF: tl.constexpr):
     dqw = -(_mm(dq_start, tl.trans(u), HALF)
             + _mm(ds, tl.trans(x), HALF))
     dqw = tl.where(lower, dqw, 0.0)
-    dq = dq_start + _mm(ds, k, HALF) + _mm(dqw, w, HALF)
+    dq = dq_start + _mm(ds, k, HALF) + _mm(dqw, w, HALF, B_UNIT=True)
     return dq, dqw
 
 
 @triton.jit
 def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF: tl.constexpr):
     """One query head's terms of dU, dX, dK and dW (the sums over the group)."""
-    qw = tl.where(lower, _mm(q, tl.trans(w), HALF), 0.0)
+    qw = tl.where(lower, _mm(q, tl.trans(w), HALF, B_UNIT=True), 0.0)
     du -= _mm(tl.trans(qw), dq_start, HALF)
     dx -= _mm(tl.trans(qw), ds, HALF)
     dk += _mm(tl.trans(ds), q, HALF)
@@ -382,7 +392,7 @@ def _ut_bwd_chunk_kernel(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     strict = rows[:, None] > rows[None, :]
     ad = a * b[None, :]
-    wk = tl.where(strict, _mm(w, tl.trans(k), HALF), 0.0)
+    wk = tl.where(strict, _mm(w, tl.trans(k), HALF, A_UNIT=True), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     du = tl.load(DU + chunk)
@@ -390,11 +400,11 @@ def _ut_bwd_chunk_kernel(
     dk = tl.load(DKP + chunk)
     dw = tl.load(DWP + chunk)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
-    dad = _mm(du, tl.trans(w), HALF) + _mm(dx, tl.trans(wk), HALF)
+    dad = _mm(du, tl.trans(w), HALF, B_UNIT=True) + _mm(dx, tl.trans(wk), HALF)
     dw += _mm(tl.trans(ad), du, HALF)
     dwk = tl.where(strict, _mm(tl.trans(ad), dx, HALF), 0.0)
     dw += _mm(dwk, k, HALF)
-    dk += _mm(tl.trans(dwk), w, HALF)
+    dk += _mm(tl.trans(dwk), w, HALF, B_UNIT=True)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     if SPLIT:
@@ -416,9 +426,9 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
     at = tl.trans(a)
     dn = -_mm(_mm(at, da, HALF), at, HALF)
     dn = tl.where(strict, dn, 0.0)
-    db += tl.sum(dn * _mm(w, tl.trans(w), HALF), axis=1)
+    db += tl.sum(dn * _mm(w, tl.trans(w), HALF, A_UNIT=True, B_UNIT=True), axis=1)
     dgram = dn * b[:, None]
-    dw += _mm(dgram + tl.trans(dgram), w, HALF)
+    dw += _mm(dgram + tl.trans(dgram), w, HALF, B_UNIT=True)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
@@ -473,10 +483,17 @@ def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
 
-def half_operands() -> bool:
-    """Whether the UT kernels' products take fp16 operands scaled by powers of two (``_mm``) instead of tf32
-    (``PATHLAB_PATH_UT_HALF``: auto, 0, 1; auto = tf32). The inverse is exact fp32 either way."""
-    return switch("PATHLAB_PATH_UT_HALF", False)
+HALF_VALUES = ("auto", "0", "fwd", "1")
+
+
+def half_operands(backward: bool) -> bool:
+    """Whether the UT kernels of the forward (also when the backward recomputes it) or of the backward multiply on
+    fp16 operands scaled by powers of two (``_mm``) instead of tf32: ``PATHLAB_PATH_UT_HALF`` = 0 or auto
+    (neither), fwd (the forward kernel) or 1 (every kernel). The inverse is exact fp32 either way."""
+    value = os.environ.get("PATHLAB_PATH_UT_HALF") or "auto"
+    if value not in HALF_VALUES:
+        raise ValueError(f"PATHLAB_PATH_UT_HALF must be one of {HALF_VALUES}, got {value!r}")
+    return value == "1" or (value == "fwd" and not backward)
 
 
 def split_backward(D):
@@ -533,7 +550,7 @@ def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32):
     m = unwritten((Hkv, NC, D, D), dtype=scan_dtype, device=q.device)
     sd = unwritten((H, NC, BT, BT), **f32)
     a = _inverse(w, beta, tokens, T, BT)
-    half = half_operands()
+    half = half_operands(backward=False)
     if NC > 0:
         _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, a, qs, ks, m, sd, NC, T, B * T,
                 *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, HALF=half)
@@ -572,7 +589,7 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
     dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
-    split, half = split_backward(D), half_operands()
+    split, half = split_backward(D), half_operands(backward=True)
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:

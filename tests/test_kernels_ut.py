@@ -92,17 +92,18 @@ def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, split, m
 HALF_CASES = [CASES[1], CASES[2], CASES[6]]  # grouped heads at D = 32, D = 64 with BT = 32, β near 2
 
 
+@pytest.mark.parametrize("mode", ["fwd", "1"], ids=["half-forward", "half-all"])
 @pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", HALF_CASES)
 def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, D, BT, beta_range, scale, split,
-                                                                  monkeypatch):
-    """``PATHLAB_PATH_UT_HALF=1``: fp16 products on operands scaled by powers of two. Their 11-bit significands
+                                                                  mode, monkeypatch):
+    """``PATHLAB_PATH_UT_HALF``: fp16 products on operands scaled by powers of two. Their 11-bit significands
     are tf32's, so the errors stay near 2⁻¹¹ (the interpreter's tf32 products are exact fp32, hence the looser
     tolerance than above) with upstream gradients of 1e-9, which unscaled fp16 would flush to zero, and of 1e6,
     with keys of 1e4, whose products would overflow it."""
     monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
     q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale)
 
@@ -111,12 +112,13 @@ def test_half_operands_setting(monkeypatch):
     from pathlab.kernels._triton_ut import half_operands
 
     monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
-    assert not half_operands()
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
-    assert half_operands()
+    assert [half_operands(backward=b) for b in (False, True)] == [False, False]
+    for value, want in (("0", [False, False]), ("fwd", [True, False]), ("1", [True, True])):
+        monkeypatch.setenv("PATHLAB_PATH_UT_HALF", value)
+        assert [half_operands(backward=b) for b in (False, True)] == want
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fp16")
     with pytest.raises(ValueError, match="PATHLAB_PATH_UT_HALF must be one of"):
-        half_operands()
+        half_operands(backward=False)
 
 
 def test_split_backward_by_head_dim(monkeypatch):
