@@ -111,14 +111,18 @@ def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, 
 def test_half_operands_setting(monkeypatch):
     from pathlab.kernels._triton_ut import half_operands
 
+    def both(dtype):
+        return [half_operands(backward=b, dtype=dtype) for b in (False, True)]
+
     monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
-    assert [half_operands(backward=b) for b in (False, True)] == [False, False]
+    assert both(torch.bfloat16) == both(torch.float16) == [True, True]
+    assert both(torch.float32) == [False, False]
     for value, want in (("0", [False, False]), ("fwd", [True, False]), ("1", [True, True])):
         monkeypatch.setenv("PATHLAB_PATH_UT_HALF", value)
-        assert [half_operands(backward=b) for b in (False, True)] == want
+        assert both(torch.bfloat16) == both(torch.float32) == want
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fp16")
     with pytest.raises(ValueError, match="PATHLAB_PATH_UT_HALF must be one of"):
-        half_operands(backward=False)
+        half_operands(backward=False, dtype=torch.bfloat16)
 
 
 def test_split_backward_by_head_dim(monkeypatch):
@@ -302,13 +306,15 @@ def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
         ut_factors_triton(q, k, w, beta, build_layout(1, 20, 16, "cpu"))
 
 
-def test_ut_transform_benchmark_runs_on_the_cpu():
-    """``benchmarks/bench_ut_transform.py`` at one small size under the interpreter: the fused and PyTorch routes
-    agree to fp32 rounding there (the interpreter computes tf32 products in fp32) in the fp32 factors and in dw,
-    dβ, and to bf16 rounding in dq, dk (bf16 like q, k); nothing is NaN, and the times are left out on a CPU."""
+def test_ut_transform_benchmark_runs_on_the_cpu(monkeypatch):
+    """``benchmarks/bench_ut_transform.py`` at one small size under the interpreter, with tf32 products
+    (``PATHLAB_PATH_UT_HALF=0``; the half products are tested above): the fused and PyTorch routes agree to fp32
+    rounding there (the interpreter computes tf32 products in fp32) in the fp32 factors and in dw, dβ, and to bf16
+    rounding in dq, dk (bf16 like q, k); nothing is NaN, and the times are left out on a CPU."""
     import importlib.util
     import pathlib
 
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "0")
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ut_transform.py"
     spec = importlib.util.spec_from_file_location("bench_ut_transform", path)
     bench = importlib.util.module_from_spec(spec)
