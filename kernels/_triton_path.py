@@ -115,13 +115,14 @@ def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
 
 @triton.jit
 def _path_bwd_kernel(
-    QS, KS, V, M, SD, GL, GO, DO, O, LSE,
+    QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER,
     NC, NH, n_items, max_chunks, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
+    DELTA_HERE: tl.constexpr = True,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
@@ -155,8 +156,10 @@ def _path_bwd_kernel(
         qrow = (h * NC + n) * BT
         do = tl.load(DO + qrow * DV + tile_v)
         lse = tl.load(LSE + qrow + rows)
-        # δ_i = dO_i · o_i, here rather than in a pass of its own over dO and o
-        delta = tl.sum(do.to(tl.float32) * tl.load(O + qrow * DV + tile_v).to(tl.float32), 1)
+        if DELTA_HERE:  # δ_i = dO_i · o_i, here rather than in a pass of its own over dO and o
+            delta = tl.sum(do.to(tl.float32) * tl.load(O + qrow * DV + tile_v).to(tl.float32), 1)
+        else:
+            delta = tl.load(DELTA + qrow + rows)
         dg_row = tl.zeros([BT], dtype=tl.float32)
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634

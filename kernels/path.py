@@ -157,6 +157,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()
+    # δ = rowsum(dO ∘ o) inside the kernel, or before it (PATHLAB_PATH_BWD_DELTA=torch)
+    delta_here = (os.environ.get("PATHLAB_PATH_BWD_DELTA") or "kernel") == "kernel"
+    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()  # [H, NC, BT]
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
@@ -176,7 +179,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
-        do, o, lse,
+        do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order,
         NC, H, n_items, max_chunks, scale, scale * LOG2E,
@@ -188,7 +191,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64),
         # the work items dealt in a snake (PATHLAB_PATH_BWD_SNAKE), for balance: on an H200 fwd+bwd took 16%
         # less time at 16×128, 1-2% less at 12×64 (benchmarks/results/kernels-h200-head-groups-snake.json)
-        SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True),
+        SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True), DELTA_HERE=delta_here,
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
