@@ -140,6 +140,23 @@ def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
             torch.empty((H, NC, BT), dtype=torch.float32, device=v.device))
 
 
+DELTA_VALUES = ("auto", "kernel", "torch")
+
+
+def _delta_in_kernel(has_gate: bool, max_chunks: int) -> bool:
+    """Whether the backward scan computes δ_i = dO_i · o_i itself (from o) or reads it from a pass before it
+    (``PATHLAB_PATH_BWD_DELTA``: kernel, torch, or auto = in the kernel, except with the gate on sequences of 64
+    chunks or more). On an H200, 12×64, in the kernel against before it: PaTH fwd+bwd −6.4% at T = 512, −2.8% at
+    4096, −1.3% at 16384; PaTH-FoX −5.0% at 512, but +3.1% at 4096 and +5.1% at 16384
+    (``benchmarks/results/kernels-h200-delta-in-kernel.json``)."""
+    value = os.environ.get("PATHLAB_PATH_BWD_DELTA") or "auto"
+    if value not in DELTA_VALUES:
+        raise ValueError(f"PATHLAB_PATH_BWD_DELTA must be one of {DELTA_VALUES}, got {value!r}")
+    if value == "auto":
+        return not has_gate or max_chunks < 64
+    return value == "kernel"
+
+
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs, into_inputs=False):
     """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
@@ -157,9 +174,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()
-    # δ = rowsum(dO ∘ o) inside the kernel, or before it (PATHLAB_PATH_BWD_DELTA=torch)
-    delta_here = (os.environ.get("PATHLAB_PATH_BWD_DELTA") or "kernel") == "kernel"
-    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()  # [H, NC, BT]
+    delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
+    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()  # δ = rowsum(dO ∘ o)  [H, NC, BT]
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
