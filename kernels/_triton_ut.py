@@ -7,7 +7,8 @@ index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max
 
     N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (by 16×16 blocks in exact fp32, see _unit_lower_inverse_in_place)
 
-into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 (see PRECISION), forms
+into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 or (by default for 16-bit
+inputs) in fp16 on operands scaled by powers of two (see PRECISION, ``_mm`` and ``half_operands``), forms
 
     U  = A D_β W,   X = A D_β strictLower(W Kᵀ),   k̃ = K − Xᵀ W,   M = Wᵀ U
     per query head of the group:  Q_W = tril(Q Wᵀ),   q̃ = Q − Q_W U,   S_d = Q Kᵀ − Q_W X
@@ -43,7 +44,8 @@ from ._mode import switch, unwritten
 
 # W Wᵀ, which feeds the inverse, takes a 3-pass tf32 product (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
 # tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), and the inverse itself multiplies
-# 16×16 blocks in plain fp32; the other products take 1-pass tf32, the precision of the scan's own products.
+# 16×16 blocks in plain fp32; the other products take 1-pass tf32, the precision of the scan's own products, or
+# fp16 operands of the same significand scaled by powers of two (``_mm``).
 # Plain "ieee" fp32 products of whole tiles compile to unrolled FMA loops (minutes of compilation for the
 # backward), and 3-pass products everywhere need more shared memory than an H200 has.
 INVERSE_PRECISION: tl.constexpr = tl.constexpr("tf32x3")

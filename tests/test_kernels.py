@@ -108,6 +108,29 @@ def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, B, T, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
+@pytest.mark.parametrize("delta", ["kernel", "torch"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_delta_inside_or_before_the_backward_scan(monkeypatch, delta, gate):
+    """δ = rowsum(dO ∘ o) computed by the backward scan from o, or by a pass before it
+    (``PATHLAB_PATH_BWD_DELTA``), with and without the gate: both match the fp64 reference."""
+    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
+    compare(make(2, 45, 4, 2, 32, 16, torch.float32, gate=gate), tol=1e-5, block_size=16)
+
+
+def test_delta_setting(monkeypatch):
+    from pathlab.kernels.path import _delta_in_kernel
+
+    monkeypatch.delenv("PATHLAB_PATH_BWD_DELTA", raising=False)
+    assert _delta_in_kernel(False, 256) and _delta_in_kernel(True, 63) and not _delta_in_kernel(True, 64)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "torch")
+    assert not _delta_in_kernel(False, 1)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "kernel")
+    assert _delta_in_kernel(True, 256)
+    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "before")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_DELTA must be one of"):
+        _delta_in_kernel(False, 1)
+
+
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 3)])
 def test_recomputing_backward_in_head_groups(monkeypatch, B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
     """The recomputing backward one kv head (and its query heads) at a time, as it runs for long sequences
