@@ -101,8 +101,6 @@ def cases(dims, GROUP=1):
             # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
             yield (f"ut_bwd_heads_kernel D{D}{tag}", _triton_ut._ut_bwd_heads_kernel,
                    dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
-            yield (f"ut_bwd_one_kernel D{D}{tag}", _triton_ut._ut_bwd_one_kernel,
-                   dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
             for split in (False, True):
                 yield (f"ut_bwd_chunk_kernel D{D} split={split}{tag}", _triton_ut._ut_bwd_chunk_kernel,
                        dict(BT=64, D=D, SPLIT=split, HALF=half), _triton_ut.num_warps(D), False)

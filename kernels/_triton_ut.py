@@ -294,9 +294,15 @@ def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF: tl.co
 
 
 @triton.jit
-def _query_heads(Q, DQS, DSD, DQ, n, hk, NC, T, rows, dcol, tok, valid, sq_b, sq_t, sq_h, w, k, u, x, du, dx, dk, dw,
-                 GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
-    """Every query head of kv head hk's group: its dq (final, stored) and its terms of dU, dX, dK, dW."""
+def _ut_bwd_heads_kernel(
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+):
+    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
+    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
+        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -308,44 +314,6 @@ def _query_heads(Q, DQS, DSD, DQ, n, hk, NC, T, rows, dcol, tok, valid, sq_b, sq
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
         du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF)
-    return du, dx, dk, dw
-
-
-@triton.jit
-def _ut_bwd_one_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DK, DW, DBETA, NC, T, NTOK,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-):
-    """Backward in one kernel (``PATHLAB_PATH_UT_ONE=1``): ``_ut_bwd_heads_kernel`` and then
-    ``_ut_bwd_chunk_kernel`` in one program, dU, dX and the partial dk, dw kept in registers instead of passing
-    through fp32 scratch, and A D_β, strictLower(W Kᵀ) formed once."""
-    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
-    chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm, HALF)
-    du, dx, dk, dw = _query_heads(Q, DQS, DSD, DQ, n, hk, NC, T, rows, dcol, tok, valid, sq_b, sq_t, sq_h,
-                                  w, k, u, x, du, dx, dk, dw, GROUP, BT, D, HALF)
-    dad, dk, dw = _factor_gradients(ad, wk, w, k, du, dx, dk, dw, rows[:, None] > rows[None, :], HALF)
-    HKV = tl.num_programs(1)
-    tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
-    _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
-
-
-@triton.jit
-def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-):
-    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
-    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
-    du, dx, dk, dw = _query_heads(Q, DQS, DSD, DQ, n, hk, NC, T, rows, dcol, tok, valid, sq_b, sq_t, sq_h,
-                                  w, k, u, x, du, dx, dk, dw, GROUP, BT, D, HALF)
     tl.store(DU + chunk, du)
     tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
     tl.store(DKP + chunk, dk)
@@ -429,8 +397,16 @@ def _ut_bwd_chunk_kernel(
     wk = tl.where(strict, _mm(w, tl.trans(k), HALF, A_UNIT=True), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    dad, dk, dw = _factor_gradients(ad, wk, w, k, tl.load(DU + chunk), tl.load(DX + square), tl.load(DKP + chunk),
-                                    tl.load(DWP + chunk), strict, HALF)
+    du = tl.load(DU + chunk)
+    dx = tl.load(DX + square)
+    dk = tl.load(DKP + chunk)
+    dw = tl.load(DWP + chunk)
+    # U = A D_β W and X = A D_β strictLower(W Kᵀ)
+    dad = _mm(du, tl.trans(w), HALF, B_UNIT=True) + _mm(dx, tl.trans(wk), HALF)
+    dw += _mm(tl.trans(ad), du, HALF)
+    dwk = tl.where(strict, _mm(tl.trans(ad), dx, HALF), 0.0)
+    dw += _mm(dwk, k, HALF)
+    dk += _mm(tl.trans(dwk), w, HALF, B_UNIT=True)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     if SPLIT:
@@ -438,17 +414,6 @@ def _ut_bwd_chunk_kernel(
         tl.store(DWP + chunk, dw)
     else:
         _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
-
-
-@triton.jit
-def _factor_gradients(ad, wk, w, k, du, dx, dk, dw, strict, HALF: tl.constexpr):
-    """The paths through U = A D_β W and X = A D_β strictLower(W Kᵀ): d(A D_β), and dk, dw so far."""
-    dad = _mm(du, tl.trans(w), HALF, B_UNIT=True) + _mm(dx, tl.trans(wk), HALF)
-    dw += _mm(tl.trans(ad), du, HALF)
-    dwk = tl.where(strict, _mm(tl.trans(ad), dx, HALF), 0.0)
-    dw += _mm(dwk, k, HALF)
-    dk += _mm(tl.trans(dwk), w, HALF, B_UNIT=True)
-    return dad, dk, dw
 
 
 @triton.jit
@@ -541,15 +506,6 @@ def half_operands(backward: bool, dtype: torch.dtype) -> bool:
     return value == "1" or (value == "fwd" and not backward)
 
 
-def one_kernel_backward() -> bool:
-    """Whether the UT backward, where it is not split (``split_backward``), runs as one kernel
-    (``_ut_bwd_one_kernel``) instead of two (``PATHLAB_PATH_UT_ONE``: auto, 0, 1; auto = two, until measured).
-    Built for sm_90 by Triton 3.6 at D = 64 with fp16 operands it takes 64 KiB of shared memory and spills
-    6.6 KiB, against 40 and 48 KiB and 4.4 + 4.0 KiB for the two, without their 4 fp32 tiles of scratch per
-    (chunk, kv head) written and read back (``benchmarks/kernel_resources.py``)."""
-    return switch("PATHLAB_PATH_UT_ONE", False)
-
-
 def split_backward(D):
     """Whether the UT backward runs split in five kernels instead of two (``PATHLAB_PATH_UT_SPLIT``: auto, 0, 1).
 
@@ -638,14 +594,12 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     dqs, dks, dm, dsd = (t.contiguous() for t in grads)
     if consume:
         grads.clear()
-    split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
-    if not split and one_kernel_backward():
-        return _ut_backward_in_one_kernel(dqs, dks, dm, dsd, q, k, w, beta, tokens, BT, a, half)
     out = dict(dtype=torch.float32, device=q.device)
     dk_part = dks if consume else torch.empty((Hkv, NC, BT, D), **out)
     du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
     dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
+    split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
@@ -672,19 +626,6 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
         if split:
             _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
                     *strides[6:], BT=BT, D=D, HALF=half)
-    return dq, dk, dw, dbeta
-
-
-def _ut_backward_in_one_kernel(dqs, dks, dm, dsd, q, k, w, beta, tokens, BT, a, half):
-    """:func:`ut_backward` by ``_ut_bwd_one_kernel``: no fp32 scratch between kernels."""
-    B, T, H, D = q.shape
-    Hkv, NC = k.shape[2], tokens.numel() // BT
-    dq, dk, dw = (unwritten(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, w))
-    dbeta = unwritten(beta.shape, dtype=beta.dtype, device=beta.device)
-    if NC > 0:
-        a = _inverse(w, beta, tokens, T, BT) if a is None else a
-        _launch(_ut_bwd_one_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, dk, dw, dbeta, NC, T,
-                B * T, *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, HALF=half)
     return dq, dk, dw, dbeta
 
 
