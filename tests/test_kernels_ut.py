@@ -79,33 +79,61 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+BACKWARD_FORMS = {"two-kernel-backward": "0", "split-backward": "1"}  # PATHLAB_PATH_UT_SPLIT
+FIRST_KERNEL = {"two-kernel-backward": "_ut_bwd_heads_kernel", "split-backward": "_ut_bwd_end_kernel"}
+
+
+class _Spy:
+    """Stands in for a Triton kernel: records its launches, then launches it."""
+
+    def __init__(self, kernel, name, log):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, grid):
+        self.log.append(self.name)
+        return self.kernel[grid]
+
+
+def use_backward_form(form, monkeypatch):
+    """Select ``form`` through the environment; returns the list of first backward kernels launched."""
+    from pathlab.kernels import _triton_ut as fused
+
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", BACKWARD_FORMS[form])
+    log = []
+    for name in FIRST_KERNEL.values():
+        monkeypatch.setattr(fused, name, _Spy(getattr(fused, name), name, log))
+    return log
+
+
+@pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", CASES)
-def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, split, monkeypatch):
+def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, form, monkeypatch):
     """Both forms of the backward: two kernels (the default at D ≤ 64) and split in five (the default at D = 128,
-    where the two do not fit an H200's shared memory)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+    where the two do not fit an H200's shared memory with tf32 products)."""
+    launched = use_backward_form(form, monkeypatch)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare(inputs, build_layout(B, T, BT, "cpu"))
+    assert launched == [FIRST_KERNEL[form]]
 
 
 HALF_CASES = [CASES[1], CASES[2], CASES[6]]  # grouped heads at D = 32, D = 64 with BT = 32, β near 2
 
 
 @pytest.mark.parametrize("mode", ["fwd", "1"], ids=["half-forward", "half-all"])
-@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+@pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", HALF_CASES)
-def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, D, BT, beta_range, scale, split,
+def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, D, BT, beta_range, scale, form,
                                                                   mode, monkeypatch):
     """``PATHLAB_PATH_UT_HALF``: fp16 products on operands scaled by powers of two. Their 11-bit significands
     are tf32's, so the errors stay near 2⁻¹¹ (the interpreter's tf32 products are exact fp32, hence the looser
     tolerance than above) with upstream gradients of 1e-9, which unscaled fp16 would flush to zero, and of 1e6,
     with keys of 1e4, whose products would overflow it."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+    launched = use_backward_form(form, monkeypatch)
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
     q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale)
+    assert launched == [FIRST_KERNEL[form]]
 
 
 def test_half_operands_setting(monkeypatch):
@@ -149,13 +177,14 @@ def test_warps_by_head_dim(monkeypatch):
         num_warps(64)
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
-def test_packed_sequences(split, monkeypatch):
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+@pytest.mark.parametrize("form", list(BACKWARD_FORMS))
+def test_packed_sequences(form, monkeypatch):
+    launched = use_backward_form(form, monkeypatch)
     lengths = [1, 15, 40, 16]  # one token, one short of a chunk, a long one, exactly one chunk
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = token_inputs(1, sum(lengths), 4, 2, 16, (0.0, 2.0), seed=5)
     compare(inputs, build_layout(1, sum(lengths), 16, "cpu", cu))
+    assert launched == [FIRST_KERNEL[form]]
 
 
 def test_strided_and_half_inputs():
