@@ -175,7 +175,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()
     delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
-    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()  # δ = rowsum(dO ∘ o)  [H, NC, BT]
+    # δ = rowsum(dO ∘ o) [H, NC, BT], formed here or by the kernel (which then never reads DELTA: o stands in)
+    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
