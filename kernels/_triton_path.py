@@ -1,8 +1,17 @@
 """Triton kernels of the PaTH scan: forward (right-to-left with an online softmax) and backward.
 
-Inputs are in the chunk layout of ``_layout`` (``[heads, NC, BT, ·]``, contiguous) and come from the UT
-transform of ``_ut``: per chunk n the carried queries q̃ (fp32), the carried keys k̃, the chunk's transition
-P_n = H_last ⋯ H_first = I − M_n as M_n = Wᵀ U (``[heads, NC, D, D]``) and the intra-chunk logits S_d.
+The UT factors are in the chunk layout of ``_layout`` (``[heads, NC, BT, ·]``, contiguous) and come from the
+UT transform (``_ut``, ``_triton_ut``): per chunk n the carried queries q̃ (fp32), the carried keys k̃, the
+chunk's transition P_n = H_last ⋯ H_first = I − M_n as M_n = Wᵀ U (``[heads, NC, D, D]``) and the intra-chunk
+logits S_d.
+
+Rows of v, o and dO (and dV, δ) are read and written where they are. Row i of chunk n holds token
+r = ``TOK[n·BT + i]`` (``GATHER``; padding holds r = NTOK and is masked: v and dO read as zero there, o and dV
+are not written), or r = n·BT + i (no padding, no index to read); (token r, head h) sits at r·s_t + h·s_h with
+each tensor's own strides. So the same kernels serve ``[B, T, heads, ·]`` tensors whose (b, t) rows are evenly
+spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous chunk-layout tensors
+(s_t = row length, s_h = NC·BT·row length), and no chunk copy of v, o or dO is made. Key chunks m < c are whole
+chunks (only a sequence's last chunk has padding), so their rows need no mask.
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
@@ -43,12 +52,54 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _chunk_tokens(TOK, n, rows, BT: tl.constexpr, NTOK, GATHER: tl.constexpr):
+    """The rows r of chunk n (``[BT]``, int64) and which of them hold a token: ``TOK[n·BT + i]`` with
+    ``r < NTOK`` (padding holds NTOK) when ``GATHER``, else n·BT + i, all valid."""
+    if GATHER:
+        tok = tl.load(TOK + n * BT + rows)
+        return tok, tok < NTOK
+    else:
+        return n * BT + rows, rows < BT
+
+
+@triton.jit
+def _key_tokens(TOK, kn, rows, BT: tl.constexpr, GATHER: tl.constexpr):
+    """The rows of key chunk kn < c: a whole chunk (only a sequence's last chunk has padding), so no mask."""
+    if GATHER:
+        return tl.load(TOK + kn * BT + rows)
+    else:
+        return kn * BT + rows
+
+
+@triton.jit
+def _load_rows(X, tok, valid, s_t, col, MASKED: tl.constexpr):
+    """The tile ``X[tok·s_t + col]`` (``[BT, len(col)]``), zeros in rows that are not ``valid`` if ``MASKED``."""
+    ptr = X + tok[:, None] * s_t + col[None, :]
+    if MASKED:
+        return tl.load(ptr, mask=valid[:, None], other=0.0)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
+def _store_rows(X, tok, valid, s_t, col, val, MASKED: tl.constexpr):
+    """``X[tok·s_t + col] = val``, skipping rows that are not ``valid`` if ``MASKED``."""
+    ptr = X + tok[:, None] * s_t + col[None, :]
+    if MASKED:
+        tl.store(ptr, val, mask=valid[:, None])
+    else:
+        tl.store(ptr, val)
+
+
+@triton.jit
 def _path_fwd_kernel(
-    QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX,
-    NC, scale_log2,
+    QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
+    NC, NTOK, sv_t, sv_h, so_t, so_h, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, GATHER: tl.constexpr,
 ):
+    """V and O are addressed by row (module docstring, "Rows of v, o and dO"): V row (token r, kv head) at
+    r·sv_t + hk·sv_h, O row (token r, query head) at r·so_t + h·so_h."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -70,7 +121,8 @@ def _path_fwd_kernel(
     m_i = tl.max(s, 1)
     p = tl.math.exp2(s - m_i[:, None])
     l_i = tl.sum(p, 1)
-    v = tl.load(V + ((hk * NC + n) * BT + rows[:, None]) * DV + vcol[None, :])
+    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
+    v = _load_rows(V + hk * sv_h, tok, valid, sv_t, vcol, GATHER)
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
     for mm in range(0, c):
@@ -87,7 +139,7 @@ def _path_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
+        v = _load_rows(V + hk * sv_h, _key_tokens(TOK, kn, rows, BT, GATHER), valid, sv_t, vcol, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
         # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
@@ -95,40 +147,41 @@ def _path_fwd_kernel(
         q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
-    tl.store(O + ((h * NC + n) * BT + rows[:, None]) * DV + vcol[None, :], o.to(O.dtype.element_ty))
+    _store_rows(O + h * so_h, tok, valid, so_t, vcol, o.to(O.dtype.element_ty), GATHER)
     tl.store(LSE + (h * NC + n) * BT + rows, m_i + tl.math.log2(l_i))
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val, mask=None):
     """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
     no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
     (``ACQ_REL`` keeps the default, for the side-by-side measurement; ``NO_ATOMICS``, for profiling only,
     stores instead: wrong sums)."""
     if NO_ATOMICS:
-        tl.store(ptr, val)
+        tl.store(ptr, val, mask=mask)
     elif ACQ_REL:
-        tl.atomic_add(ptr, val)
+        tl.atomic_add(ptr, val, mask=mask)
     else:
-        tl.atomic_add(ptr, val, sem="relaxed")
+        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
 
 
 @triton.jit
 def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
-    CHUNK_FIRST, CHUNK_INDEX, ORDER,
-    NC, NH, n_items, max_chunks, scale, scale_log2,
+    CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
+    NC, NH, n_items, max_chunks, NTOK, sv_t, sv_h, so_t, so_h, sdv_t, sdv_h, sdl_t, sdl_h, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    DELTA_HERE: tl.constexpr = True,
+    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
-    ``O``, else read from ``DELTA`` (see path._delta_in_kernel)."""
+    ``O``, else read from ``DELTA`` (see path._delta_in_kernel). Rows of V, dV (``DVV``), O, dO and δ as in the
+    forward (module docstring): (token r, head) at r·s_t + head·s_h with their own strides; dO shares O's."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -137,7 +190,6 @@ def _path_bwd_kernel(
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
-    tile_v = rows[:, None] * DV + vcol[None, :]
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
@@ -155,12 +207,16 @@ def _path_bwd_kernel(
         c = tl.load(CHUNK_INDEX + n)
         first = tl.load(CHUNK_FIRST + n).to(tl.int64)
         qrow = (h * NC + n) * BT
-        do = tl.load(DO + qrow * DV + tile_v)
+        tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
+        do = _load_rows(DO + h * so_h, tok, valid, so_t, vcol, GATHER)  # zero in padding rows: their dS is zero
         lse = tl.load(LSE + qrow + rows)
         if DELTA_HERE:  # δ_i = dO_i · o_i, here rather than in a pass of its own over dO and o
-            delta = tl.sum(do.to(tl.float32) * tl.load(O + qrow * DV + tile_v).to(tl.float32), 1)
+            o_rows = _load_rows(O + h * so_h, tok, valid, so_t, vcol, GATHER)
+            delta = tl.sum(do.to(tl.float32) * o_rows.to(tl.float32), 1)
+        elif GATHER:
+            delta = tl.load(DELTA + tok * sdl_t + h * sdl_h, mask=valid, other=0.0)
         else:
-            delta = tl.load(DELTA + qrow + rows)
+            delta = tl.load(DELTA + tok * sdl_t + h * sdl_h)
         dg_row = tl.zeros([BT], dtype=tl.float32)
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634
@@ -186,6 +242,7 @@ def _path_bwd_kernel(
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
+            ktok = _key_tokens(TOK, kn, rows, BT, GATHER)
             if PREFETCH:
                 ql = ql_next
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
@@ -198,9 +255,9 @@ def _path_bwd_kernel(
                 shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
                 s += gq[:, None] - gk[None, :] + shift
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
+            dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, ktok, valid, sv_t, vcol, False)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, ACQ_REL, DVV + krow * DV + tile_v,
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + ktok[:, None] * sdv_t + vcol[None, :],
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
@@ -228,12 +285,15 @@ def _path_bwd_kernel(
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        crow = (hk * NC + n) * BT
-        dp = tl.dot(do, tl.trans(tl.load(V + crow * DV + tile_v)), input_precision=PREC)
+        dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, tok, valid, sv_t, vcol, GATHER)), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
-        _accumulate(NO_ATOMICS, ACQ_REL, DVV + crow * DV + tile_v,
-                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        dv_ptr = DVV + hk * sdv_h + tok[:, None] * sdv_t + vcol[None, :]
+        dv_diag = tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)
+        if GATHER:  # no sum for the padding rows
+            _accumulate(NO_ATOMICS, ACQ_REL, dv_ptr, dv_diag, valid[:, None])
+        else:
+            _accumulate(NO_ATOMICS, ACQ_REL, dv_ptr, dv_diag)
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)

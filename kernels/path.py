@@ -105,8 +105,27 @@ _BWD_SCHEMA = (
 )
 
 
-def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
-    """Forward scan: o ``[H, NC, BT, Dv]`` (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32).
+def _token_rows(x):
+    """x ``[B, T, heads, ·]`` with evenly spaced (b, t) rows (s_b = T·s_t) and unit last stride (copied if not:
+    a slice of a fused projection already is), with its (s_t, s_h) for the scan kernels' row addressing."""
+    B, T = x.shape[:2]
+    if x.stride(-1) != 1 or (B > 1 and T > 1 and x.stride(0) != T * x.stride(1)):
+        x = x.contiguous()
+    return x, x.stride(1) if T > 1 else x.stride(0), x.stride(2)
+
+
+def _chunk_rows(x):
+    """x ``[heads, NC, BT, ·]`` contiguous, with its (s_t, s_h) as rows r = n·BT + i of the scan kernels."""
+    x = x.contiguous()
+    return x, x.shape[-1], x.stride(0)
+
+
+def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
+                   tokens=None):
+    """Forward scan: o and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32). v ``[Hkv, NC, BT, Dv]`` and
+    o ``[H, NC, BT, Dv]`` (v's dtype) are in the chunk layout; given ``tokens`` (``_layout.slot_tokens``, not a
+    schema input: the fused ops pass it), v is ``[B, T, Hkv, Dv]`` and o ``[B, T, H, Dv]``, read and written in
+    place (``_triton_path``, "Rows of v, o and dO").
 
     ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
     from this op's inputs by ``register_autograd``) has them.
@@ -114,24 +133,39 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     from ._triton_path import _path_fwd_kernel
 
     H, NC, BT, D = qs.shape
-    Hkv, DV = v.shape[0], v.shape[-1]
+    DV = v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
+    qs, sd = qs.contiguous(), sd.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
-    o = unwritten((H, NC, BT, DV), dtype=v.dtype, device=v.device)
+    if tokens is None:
+        Hkv = v.shape[0]
+        v, sv_t, sv_h = _chunk_rows(v)
+        o = unwritten((H, NC, BT, DV), dtype=v.dtype, device=v.device)
+        so_t, so_h, n_tok, tok = DV, o.stride(0), NC * BT, chunk_index  # the index is not read
+    else:
+        B, T, Hkv = v.shape[:3]
+        v, sv_t, sv_h = _token_rows(v)
+        o = unwritten((B, T, H, DV), dtype=v.dtype, device=v.device)
+        so_t, so_h, n_tok, tok = H * DV, DV, B * T, tokens
     lse = unwritten((H, NC, BT), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
     num_warps, num_stages, _, maxnreg = _launch_config("fwd", D, DV)
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
     _path_fwd_kernel[(NC, H)](
-        qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index,
-        NC, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
+        NC, n_tok, sv_t, sv_h, so_t, so_h, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=_gathers(tokens, NC * BT, n_tok),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
+
+
+def _gathers(tokens, n_slots, n_tokens) -> bool:
+    """Whether the chunk layout's rows must be looked up in ``tokens``: only when it has padding. Without padding
+    (every sequence a whole number of chunks) row n·BT + i of the layout is token n·BT + i."""
+    return tokens is not None and n_slots != n_tokens
 
 
 def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
@@ -158,34 +192,46 @@ def _delta_in_kernel(has_gate: bool, max_chunks: int) -> bool:
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs, into_inputs=False):
-    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype). dG_local is an empty
-    tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
+                   programs, into_inputs=False, tokens=None):
+    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, in v's layout). dG_local is
+    an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
-    its rows of both before it writes them), for a caller that owns q̃ and S_d."""
+    its rows of both before it writes them), for a caller that owns q̃ and S_d. ``tokens``: v, o, dO and dV
+    in ``[B, T, heads, ·]``, as in :func:`_scan_fwd_impl`."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
         raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
     H, NC, BT, D = qs.shape
-    Hkv, DV = v.shape[0], v.shape[-1]
+    DV = v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
+    qs, sd, o, lse = qs.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
-    do = do.to(v.dtype).contiguous()
-    delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
-    # δ = rowsum(dO ∘ o) [H, NC, BT], formed here or by the kernel (which then never reads DELTA: o stands in)
-    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
+    do = do.to(v.dtype).contiguous()  # o's strides
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
+    if tokens is None:
+        Hkv = v.shape[0]
+        v, sv_t, sv_h = _chunk_rows(v)
+        dv = torch.zeros((Hkv, NC, BT, DV), **f32)
+        so_t, so_h, sdv_t, sdv_h, n_tok, tok = DV, o.stride(0), DV, dv.stride(0), NC * BT, chunk_index
+    else:
+        B, T, Hkv = v.shape[:3]
+        v, sv_t, sv_h = _token_rows(v)
+        dv = torch.zeros((B, T, Hkv, DV), **f32)
+        so_t, so_h, sdv_t, sdv_h, n_tok, tok = H * DV, DV, Hkv * DV, DV, B * T, tokens
+    delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
+    # δ = rowsum(dO ∘ o) ([H, NC, BT] or [B, T, H]), formed here or by the kernel (which then never reads DELTA:
+    # o stands in)
+    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
+    sdl_t, sdl_h = (0, 0) if delta_here else (1, NC * BT) if tokens is None else (H, 1)
     if into_inputs:
         dqs, dsd = qs, sd
     else:
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
-    dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
@@ -198,9 +244,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
-        chunk_first, chunk_index, order,
-        NC, H, n_items, max_chunks, scale, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec,
+        chunk_first, chunk_index, order, tok,
+        NC, H, n_items, max_chunks, n_tok, sv_t, sv_h, so_t, so_h, sdv_t, sdv_h, sdl_t, sdl_h, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=_gathers(tokens, NC * BT, n_tok),
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
@@ -391,11 +437,12 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         from ._recompute import path_fwd
 
         o, _ = path_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)
-    elif ut == "triton_saved":  # the same, keeping the factors for the backward instead of recomputing them
+        return o  # [B, T, H, Dv] in v's dtype (q's)
+    if ut == "triton_saved":  # the same, keeping the factors for the backward instead of recomputing them
         from ._recompute import path_saved_fwd
 
-        o = path_saved_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale, programs or 0)[0]
-    else:
-        qs, ks, m, sd = _ut_factors_torch(q, k, w, beta, layout)
-        o, _ = _scan_fwd(qs, ks, to_chunks(v, layout), m, sd, gl, go, *meta, scale, programs or 0)
+        return path_saved_fwd(q, k, w, beta, v, gl, go, slot_tokens(layout, B, T), *meta, BT, scale,
+                              programs or 0)[0]
+    qs, ks, m, sd = _ut_factors_torch(q, k, w, beta, layout)
+    o, _ = _scan_fwd(qs, ks, to_chunks(v, layout), m, sd, gl, go, *meta, scale, programs or 0)
     return from_chunks(o, layout).to(q.dtype)
