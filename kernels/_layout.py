@@ -115,18 +115,28 @@ def slot_tokens(layout: ChunkLayout, batch: int, length: int) -> torch.Tensor:
 def gather_chunks(x: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
     """``[B, T, H, ...]`` -> ``[H, NC, BT, ...]`` through :func:`slot_tokens`' index (zeros in the padding).
 
-    :func:`to_chunks` for code that holds the token index rather than the layout (inside custom ops).
+    :func:`to_chunks` for code that holds the token index rather than the layout (inside custom ops). Without
+    padding (as many slots as tokens) slot s holds token s, and the gather is one copy.
     """
     flat = x.reshape(-1, *x.shape[2:])
-    flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])  # row B·T: the padding
-    rows = flat.index_select(0, tokens).reshape(tokens.numel() // chunk, chunk, *flat.shape[1:])
+    if tokens.numel() == flat.shape[0]:
+        rows = flat.reshape(tokens.numel() // chunk, chunk, *flat.shape[1:])
+    else:
+        flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])  # row B·T: the padding
+        rows = flat.index_select(0, tokens).reshape(tokens.numel() // chunk, chunk, *flat.shape[1:])
     return rows.permute((2, 0, 1) + tuple(range(3, rows.ndim))).contiguous()
 
 
-def scatter_chunks(x: torch.Tensor, tokens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    """The inverse of :func:`gather_chunks`: ``[H, NC, BT, ...]`` -> ``[B, T, H, ...]``, dropping the padding."""
+def scatter_chunks(x: torch.Tensor, tokens: torch.Tensor, batch: int, length: int, dtype=None) -> torch.Tensor:
+    """The inverse of :func:`gather_chunks`: ``[H, NC, BT, ...]`` -> ``[B, T, H, ...]`` in ``dtype`` (default x's),
+    dropping the padding. Without padding it is one copy (with the cast)."""
     H, tail = x.shape[0], x.shape[3:]
-    rows = x.permute((1, 2, 0) + tuple(range(3, x.ndim))).reshape(-1, H, *tail)
+    rows = x.permute((1, 2, 0) + tuple(range(3, x.ndim)))  # [NC, BT, H, ...]
+    if tokens.numel() == batch * length:
+        out = torch.empty((batch, length, H, *tail), dtype=dtype or x.dtype, device=x.device)
+        out.view(rows.shape).copy_(rows)
+        return out
+    rows = rows.reshape(-1, H, *tail).to(dtype or x.dtype)
     out = rows.new_empty((batch * length + 1, H, *tail))  # every padding row lands on the extra last row
     out.index_copy_(0, tokens, rows)
     return out[:-1].reshape(batch, length, H, *tail)

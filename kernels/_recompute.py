@@ -5,10 +5,12 @@
     backward:  (q̃, k̃, M, S_d) = UT(q, k, w, β)        again, from the saved inputs (A kept for the last step)
                (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward with that A
 
-v, o, dO and dv stay in the token layout ``[B, T, heads, ·]``: the scan kernels read and write their rows in
-place (``_triton_path``, "Rows of v, o and dO"). Autograd keeps only the inputs, o and the log-sum-exp, as
+o and dO stay in the token layout ``[B, T, H, Dv]``: the scan kernels write and read their rows in place
+(``_triton_path``, "Rows of o and dO"); v enters in its own layout and is copied into chunks inside (again in the
+backward), and dV goes back to v's layout. Autograd keeps only the inputs, o and the log-sum-exp, as
 FlashAttention does: q̃ and S_d (fp32), k̃ and M (written by the UT kernel in the scan's dtype; 8× one 16-bit q
-in all at D = 64) live only inside the forward and inside the backward, at the price of one more UT forward.
+in all at D = 64) and v's chunk copy live only inside the forward and inside the backward, at the price of one
+more UT forward.
 For long sequences the backward runs over groups of kv heads (with their query heads) one after the other, so
 that the recomputed factors and their gradients exist for one group at a time (``head_groups``).
 Used by :func:`kernels.path.path_attention_triton` with ``ut="triton"``; the two steps are the same
@@ -23,6 +25,7 @@ import os
 
 import torch
 
+from ._layout import gather_chunks, scatter_chunks
 from ._mode import unwritten
 from ._triton_ut import ut_backward, ut_forward
 
@@ -70,10 +73,10 @@ def group_budget_bytes() -> int:
 def backward_bytes_per_kv_head(n_chunks, block, group, D, DV, scan_bytes, v_bytes) -> int:
     """What the recomputing backward allocates per kv head (with its ``group`` query heads), per chunk of BT rows:
     q̃ and S_d (fp32, then dq̃ and dS_d in their place), k̃ and M (scan dtype) with dk̃ and dM (fp32), A (fp32),
-    dV (fp32, then v's dtype)."""
+    v's chunk copy with dV (fp32, then v's dtype)."""
     BT = block
     per_chunk = (group * BT * (D + BT) * 4 + BT * D * (scan_bytes + 4) + D * D * (scan_bytes + 4) + BT * BT * 4
-                 + BT * DV * (v_bytes + 4))
+                 + BT * DV * (2 * v_bytes + 4))
     return n_chunks * per_chunk
 
 
@@ -129,20 +132,21 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
 
     # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
+    vc = gather_chunks(v, tokens, block)
     # the factors are this function's own: dq̃ and dS_d overwrite q̃ and S_d, and the UT backward consumes the
     # gradients (their memory is reused as soon as each is read)
-    grads = list(_scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
-                                scale, programs, into_inputs=True, tokens=tokens))
-    del qs, ks, m, sd
-    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
+    grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
+                                scale, programs, into_inputs=True, token_rows=(tokens, *v.shape[:2])))
+    del qs, ks, m, sd, vc
+    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a)
 
 
-def _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a):
+def _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a):
     """(dq, dk, dw, dβ, dv, dG_local) from the scan backward's outputs ``grads`` (a list the UT backward
     consumes: the caller keeps no other reference to them)."""
-    dg, dv = grads.pop(), grads.pop(2)
+    dg, dvc = grads.pop(), grads.pop(2)
     dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
-    return dq, dk, dw, dbeta, dv, dg
+    return dq, dk, dw, dbeta, scatter_chunks(dvc, tokens, v.shape[0], v.shape[1], v.dtype), dg
 
 
 def _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
@@ -203,8 +207,9 @@ def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, 
     from .path import _lowp, _scan_fwd_impl
 
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
-    o, lse = _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                            tokens=tokens)
+    vc = gather_chunks(v, tokens, block)
+    o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
+                            token_rows=(tokens, *v.shape[:2]))
     return o, lse, qs, ks, m, sd, a
 
 
@@ -225,9 +230,11 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, toke
                     max_chunks, block, scale, programs):
     from .path import _scan_bwd_impl
 
-    grads = list(_scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
-                                scale, programs, tokens=tokens))
-    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
+    vc = gather_chunks(v, tokens, block)
+    grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
+                                scale, programs, token_rows=(tokens, *v.shape[:2])))
+    del vc
+    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a)
 
 
 def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,

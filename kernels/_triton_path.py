@@ -5,13 +5,15 @@ UT transform (``_ut``, ``_triton_ut``): per chunk n the carried queries q̃ (fp3
 chunk's transition P_n = H_last ⋯ H_first = I − M_n as M_n = Wᵀ U (``[heads, NC, D, D]``) and the intra-chunk
 logits S_d.
 
-Rows of v, o and dO (and dV, δ) are read and written where they are. Row i of chunk n holds token
-r = ``TOK[n·BT + i]`` (``GATHER``; padding holds r = NTOK and is masked: v and dO read as zero there, o and dV
-are not written), or r = n·BT + i (no padding, no index to read); (token r, head h) sits at r·s_t + h·s_h with
-each tensor's own strides. So the same kernels serve ``[B, T, heads, ·]`` tensors whose (b, t) rows are evenly
-spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous chunk-layout tensors
-(s_t = row length, s_h = NC·BT·row length), and no chunk copy of v, o or dO is made. Key chunks m < c are whole
-chunks (only a sequence's last chunk has padding), so their rows need no mask.
+Rows of o and dO (and δ) are written and read where they are: o and dO are touched once per work item, so
+no chunk copy of them is made. Row i of chunk n holds token r = ``TOK[n·BT + i]`` (``GATHER``; padding holds
+r = NTOK and is masked: dO and o read as zero there, o is not written), or r = n·BT + i (no padding, no index to
+read); (token r, head h) sits at r·s_t + h·s_h. So the same kernels serve ``[B, T, heads, ·]`` tensors whose
+(b, t) rows are evenly spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous
+chunk-layout tensors (s_t = row length, s_h = NC·BT·row length). v and dV, read and summed once per chunk
+*pair*, stay in the chunk layout: read in place from ``[B, T, heads, Dv]`` through the index they took 10% longer
+in the backward at T = 512, 12×64, and 13% longer in forward+backward at 16×128, where the rows are 4 KiB apart
+(``benchmarks/results/kernels-h200-rows-in-place.json``).
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
@@ -63,15 +65,6 @@ def _chunk_tokens(TOK, n, rows, BT: tl.constexpr, NTOK, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _key_tokens(TOK, kn, rows, BT: tl.constexpr, GATHER: tl.constexpr):
-    """The rows of key chunk kn < c: a whole chunk (only a sequence's last chunk has padding), so no mask."""
-    if GATHER:
-        return tl.load(TOK + kn * BT + rows)
-    else:
-        return kn * BT + rows
-
-
-@triton.jit
 def _load_rows(X, tok, valid, s_t, col, MASKED: tl.constexpr):
     """The tile ``X[tok·s_t + col]`` (``[BT, len(col)]``), zeros in rows that are not ``valid`` if ``MASKED``."""
     ptr = X + tok[:, None] * s_t + col[None, :]
@@ -94,12 +87,11 @@ def _store_rows(X, tok, valid, s_t, col, val, MASKED: tl.constexpr):
 @triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
-    NC, NTOK, sv_t, sv_h, so_t, so_h, scale_log2,
+    NC, NTOK, so_t, so_h, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, GATHER: tl.constexpr,
 ):
-    """V and O are addressed by row (module docstring, "Rows of v, o and dO"): V row (token r, kv head) at
-    r·sv_t + hk·sv_h, O row (token r, query head) at r·so_t + h·so_h."""
+    """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -121,8 +113,7 @@ def _path_fwd_kernel(
     m_i = tl.max(s, 1)
     p = tl.math.exp2(s - m_i[:, None])
     l_i = tl.sum(p, 1)
-    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
-    v = _load_rows(V + hk * sv_h, tok, valid, sv_t, vcol, GATHER)
+    v = tl.load(V + ((hk * NC + n) * BT + rows[:, None]) * DV + vcol[None, :])
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
     for mm in range(0, c):
@@ -139,7 +130,7 @@ def _path_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(V + hk * sv_h, _key_tokens(TOK, kn, rows, BT, GATHER), valid, sv_t, vcol, False)
+        v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
         # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
@@ -147,22 +138,23 @@ def _path_fwd_kernel(
         q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
+    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
     _store_rows(O + h * so_h, tok, valid, so_t, vcol, o.to(O.dtype.element_ty), GATHER)
     tl.store(LSE + (h * NC + n) * BT + rows, m_i + tl.math.log2(l_i))
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val, mask=None):
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
     """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
     no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
     (``ACQ_REL`` keeps the default, for the side-by-side measurement; ``NO_ATOMICS``, for profiling only,
     stores instead: wrong sums)."""
     if NO_ATOMICS:
-        tl.store(ptr, val, mask=mask)
+        tl.store(ptr, val)
     elif ACQ_REL:
-        tl.atomic_add(ptr, val, mask=mask)
+        tl.atomic_add(ptr, val)
     else:
-        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
+        tl.atomic_add(ptr, val, sem="relaxed")
 
 
 @triton.jit
@@ -170,7 +162,7 @@ def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
-    NC, NH, n_items, max_chunks, NTOK, sv_t, sv_h, so_t, so_h, sdv_t, sdv_h, sdl_t, sdl_h, scale, scale_log2,
+    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
@@ -180,8 +172,8 @@ def _path_bwd_kernel(
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
-    ``O``, else read from ``DELTA`` (see path._delta_in_kernel). Rows of V, dV (``DVV``), O, dO and δ as in the
-    forward (module docstring): (token r, head) at r·s_t + head·s_h with their own strides; dO shares O's."""
+    ``O``, else read from ``DELTA`` (see path._delta_in_kernel). Rows of O, dO (O's strides) and δ as in the
+    forward (module docstring): (token r, query head h) at r·s_t + h·s_h."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -190,6 +182,7 @@ def _path_bwd_kernel(
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
+    tile_v = rows[:, None] * DV + vcol[None, :]
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
@@ -242,7 +235,6 @@ def _path_bwd_kernel(
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
-            ktok = _key_tokens(TOK, kn, rows, BT, GATHER)
             if PREFETCH:
                 ql = ql_next
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
@@ -255,9 +247,9 @@ def _path_bwd_kernel(
                 shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
                 s += gq[:, None] - gk[None, :] + shift
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, ktok, valid, sv_t, vcol, False)), input_precision=PREC)
+            dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + ktok[:, None] * sdv_t + vcol[None, :],
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + krow * DV + tile_v,
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
@@ -285,15 +277,12 @@ def _path_bwd_kernel(
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, tok, valid, sv_t, vcol, GATHER)), input_precision=PREC)
+        crow = (hk * NC + n) * BT
+        dp = tl.dot(do, tl.trans(tl.load(V + crow * DV + tile_v)), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
-        dv_ptr = DVV + hk * sdv_h + tok[:, None] * sdv_t + vcol[None, :]
-        dv_diag = tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)
-        if GATHER:  # no sum for the padding rows
-            _accumulate(NO_ATOMICS, ACQ_REL, dv_ptr, dv_diag, valid[:, None])
-        else:
-            _accumulate(NO_ATOMICS, ACQ_REL, dv_ptr, dv_diag)
+        _accumulate(NO_ATOMICS, ACQ_REL, DVV + crow * DV + tile_v,
+                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)

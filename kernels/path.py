@@ -105,27 +105,12 @@ _BWD_SCHEMA = (
 )
 
 
-def _token_rows(x):
-    """x ``[B, T, heads, ·]`` with evenly spaced (b, t) rows (s_b = T·s_t) and unit last stride (copied if not:
-    a slice of a fused projection already is), with its (s_t, s_h) for the scan kernels' row addressing."""
-    B, T = x.shape[:2]
-    if x.stride(-1) != 1 or (B > 1 and T > 1 and x.stride(0) != T * x.stride(1)):
-        x = x.contiguous()
-    return x, x.stride(1) if T > 1 else x.stride(0), x.stride(2)
-
-
-def _chunk_rows(x):
-    """x ``[heads, NC, BT, ·]`` contiguous, with its (s_t, s_h) as rows r = n·BT + i of the scan kernels."""
-    x = x.contiguous()
-    return x, x.shape[-1], x.stride(0)
-
-
 def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                   tokens=None):
-    """Forward scan: o and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32). v ``[Hkv, NC, BT, Dv]`` and
-    o ``[H, NC, BT, Dv]`` (v's dtype) are in the chunk layout; given ``tokens`` (``_layout.slot_tokens``, not a
-    schema input: the fused ops pass it), v is ``[B, T, Hkv, Dv]`` and o ``[B, T, H, Dv]``, read and written in
-    place (``_triton_path``, "Rows of v, o and dO").
+                   token_rows=None):
+    """Forward scan: o (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32), from v ``[Hkv, NC, BT, Dv]``
+    in the chunk layout. o is ``[H, NC, BT, Dv]``, or with ``token_rows = (tokens, B, T)`` (``tokens`` from
+    ``_layout.slot_tokens``; not a schema input: the fused ops pass it) ``[B, T, H, Dv]``, written there by the
+    kernel (``_triton_path``, "Rows of o and dO").
 
     ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
     from this op's inputs by ``register_autograd``) has them.
@@ -136,18 +121,10 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     DV = v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, sd = qs.contiguous(), sd.contiguous()
+    Hkv = v.shape[0]
+    qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
-    if tokens is None:
-        Hkv = v.shape[0]
-        v, sv_t, sv_h = _chunk_rows(v)
-        o = unwritten((H, NC, BT, DV), dtype=v.dtype, device=v.device)
-        so_t, so_h, n_tok, tok = DV, o.stride(0), NC * BT, chunk_index  # the index is not read
-    else:
-        B, T, Hkv = v.shape[:3]
-        v, sv_t, sv_h = _token_rows(v)
-        o = unwritten((B, T, H, DV), dtype=v.dtype, device=v.device)
-        so_t, so_h, n_tok, tok = H * DV, DV, B * T, tokens
+    o, tok, n_tok, (so_t, so_h) = _output_rows(token_rows, H, NC, BT, DV, v.dtype, v.device, chunk_index)
     lse = unwritten((H, NC, BT), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
     num_warps, num_stages, _, maxnreg = _launch_config("fwd", D, DV)
@@ -155,17 +132,23 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     go_ = go.contiguous() if has_gate else qs
     _path_fwd_kernel[(NC, H)](
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
-        NC, n_tok, sv_t, sv_h, so_t, so_h, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=_gathers(tokens, NC * BT, n_tok),
+        NC, n_tok, so_t, so_h, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
 
 
-def _gathers(tokens, n_slots, n_tokens) -> bool:
-    """Whether the chunk layout's rows must be looked up in ``tokens``: only when it has padding. Without padding
-    (every sequence a whole number of chunks) row n·BT + i of the layout is token n·BT + i."""
-    return tokens is not None and n_slots != n_tokens
+def _output_rows(token_rows, H, NC, BT, DV, dtype, device, chunk_index):
+    """(o, the row index, its number of tokens, o's (s_t, s_h)) for the scan kernels' row addressing of o and dO:
+    o ``[H, NC, BT, DV]`` with rows n·BT + i, or for ``token_rows = (tokens, B, T)`` o ``[B, T, H, DV]`` with the
+    rows in ``tokens``. The kernels read the index only where the layout has padding (more slots than tokens):
+    without it (every sequence a whole number of chunks) row n·BT + i of the layout is token n·BT + i."""
+    if token_rows is None:
+        o = unwritten((H, NC, BT, DV), dtype=dtype, device=device)
+        return o, chunk_index, NC * BT, (DV, o.stride(0))  # the index is not read
+    tokens, B, T = token_rows
+    return unwritten((B, T, H, DV), dtype=dtype, device=device), tokens, B * T, (H * DV, DV)
 
 
 def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
@@ -192,46 +175,39 @@ def _delta_in_kernel(has_gate: bool, max_chunks: int) -> bool:
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs, into_inputs=False, tokens=None):
-    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, in v's layout). dG_local is
+                   programs, into_inputs=False, token_rows=None):
+    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, chunk layout). dG_local is
     an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
-    its rows of both before it writes them), for a caller that owns q̃ and S_d. ``tokens``: v, o, dO and dV
-    in ``[B, T, heads, ·]``, as in :func:`_scan_fwd_impl`."""
+    its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
+    ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
         raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
     H, NC, BT, D = qs.shape
-    DV = v.shape[-1]
+    Hkv, DV = v.shape[0], v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, sd, o, lse = qs.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
+    qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()  # o's strides
-    dev = qs.device
-    f32 = dict(dtype=torch.float32, device=dev)
-    if tokens is None:
-        Hkv = v.shape[0]
-        v, sv_t, sv_h = _chunk_rows(v)
-        dv = torch.zeros((Hkv, NC, BT, DV), **f32)
-        so_t, so_h, sdv_t, sdv_h, n_tok, tok = DV, o.stride(0), DV, dv.stride(0), NC * BT, chunk_index
-    else:
-        B, T, Hkv = v.shape[:3]
-        v, sv_t, sv_h = _token_rows(v)
-        dv = torch.zeros((B, T, Hkv, DV), **f32)
-        so_t, so_h, sdv_t, sdv_h, n_tok, tok = H * DV, DV, Hkv * DV, DV, B * T, tokens
+    tok, n_tok = (chunk_index, NC * BT) if token_rows is None else (token_rows[0], token_rows[1] * token_rows[2])
+    so_t, so_h = (DV, o.stride(0)) if token_rows is None else (H * DV, DV)
     delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
     # δ = rowsum(dO ∘ o) ([H, NC, BT] or [B, T, H]), formed here or by the kernel (which then never reads DELTA:
     # o stands in)
     delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
-    sdl_t, sdl_h = (0, 0) if delta_here else (1, NC * BT) if tokens is None else (H, 1)
+    sdl_t, sdl_h = (0, 0) if delta_here else (1, NC * BT) if token_rows is None else (H, 1)
+    dev = qs.device
+    f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
         dqs, dsd = qs, sd
     else:
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
+    dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
@@ -245,8 +221,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order, tok,
-        NC, H, n_items, max_chunks, n_tok, sv_t, sv_h, so_t, so_h, sdv_t, sdv_h, sdl_t, sdl_h, scale, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=_gathers(tokens, NC * BT, n_tok),
+        NC, H, n_items, max_chunks, n_tok, so_t, so_h, sdl_t, sdl_h, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%

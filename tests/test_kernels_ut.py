@@ -299,21 +299,27 @@ def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fuse
 
 
 def test_gather_and_scatter_chunks_invert_each_other():
-    """Row r of chunk n holds the token that slot_tokens names for it (zeros for padding); scatter undoes it."""
+    """Row r of chunk n holds the token that slot_tokens names for it (zeros for padding); scatter undoes it, also
+    casting. With padding and without it (every sequence a whole number of chunks: one copy each way)."""
     from pathlab.kernels._layout import gather_chunks, scatter_chunks
 
-    for B, T, layout in ((3, 37, build_layout(3, 37, 16, "cpu")),
-                         (1, 45, build_layout(1, 45, 16, "cpu", torch.tensor([0, 7, 30, 45], dtype=torch.int32)))):
-        x = torch.randn(B, T, 2, 5)
+    packed = build_layout(1, 45, 16, "cpu", torch.tensor([0, 7, 30, 45], dtype=torch.int32))
+    whole = build_layout(1, 48, 16, "cpu", torch.tensor([0, 16, 48], dtype=torch.int32))
+    for B, T, layout in ((3, 37, build_layout(3, 37, 16, "cpu")), (1, 45, packed),
+                         (2, 32, build_layout(2, 32, 16, "cpu")), (1, 48, whole)):
+        x = torch.randn(B, T, 2, 5)[:, :, :, :4]  # not contiguous
         tokens = slot_tokens(layout, B, T)
         chunks = gather_chunks(x, tokens, 16)
-        flat = x.reshape(B * T, 2, 5)
+        flat = x.reshape(B * T, 2, 4)
         for slot, tok in enumerate(tokens.tolist()):
-            want = flat[tok] if tok < B * T else torch.zeros(2, 5)
+            want = flat[tok] if tok < B * T else torch.zeros(2, 4)
             torch.testing.assert_close(chunks[:, slot // 16, slot % 16], want, rtol=0, atol=0)
         if layout.simple:
             torch.testing.assert_close(chunks, to_chunks(x, layout), rtol=0, atol=0)
         torch.testing.assert_close(scatter_chunks(chunks, tokens, B, T), x, rtol=0, atol=0)
+        half = scatter_chunks(chunks, tokens, B, T, torch.float16)
+        assert half.dtype == torch.float16 and half.is_contiguous()
+        torch.testing.assert_close(half, x.half(), rtol=0, atol=0)
 
 
 def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
