@@ -176,11 +176,12 @@ def _delta_in_kernel(has_gate: bool, max_chunks: int) -> bool:
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs, into_inputs=False, token_rows=None):
-    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, chunk layout). dG_local is
+    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype; chunk layout). dG_local is
     an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
-    ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`."""
+    ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV left in fp32 for the caller, who casts it in the copy
+    back to v's layout (``_layout.scatter_chunks``)."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
@@ -235,7 +236,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
-    return dqs, dks, dv.to(v.dtype), dm, dsd, dg
+    return dqs, dks, dv if token_rows is not None else dv.to(v.dtype), dm, dsd, dg
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
