@@ -11,9 +11,9 @@ r = NTOK and is masked: dO and o read as zero there, o is not written), or r = n
 read); (token r, head h) sits at r·s_t + h·s_h. So the same kernels serve ``[B, T, heads, ·]`` tensors whose
 (b, t) rows are evenly spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous
 chunk-layout tensors (s_t = row length, s_h = NC·BT·row length). v and dV, read and summed once per chunk
-*pair*, stay in the chunk layout: read in place from ``[B, T, heads, Dv]`` through the index they took 10% longer
-in the backward at T = 512, 12×64, and 13% longer in forward+backward at 16×128, where the rows are 4 KiB apart
-(``benchmarks/results/kernels-h200-rows-in-place.json``).
+*pair*, stay in the chunk layout: read and summed in place in ``[B, T, heads, Dv]``, forward+backward took 13%
+longer at T = 16384, 16×128, where a tile's rows are 4 KiB apart, side by side with the chunk layout
+(``benchmarks/results/kernels-h200-rows-in-place*.json``).
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:

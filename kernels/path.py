@@ -118,13 +118,13 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     from ._triton_path import _path_fwd_kernel
 
     H, NC, BT, D = qs.shape
-    DV = v.shape[-1]
+    Hkv, DV = v.shape[0], v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    Hkv = v.shape[0]
     qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
-    o, tok, n_tok, (so_t, so_h) = _output_rows(token_rows, H, NC, BT, DV, v.dtype, v.device, chunk_index)
+    o_shape, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
+    o = unwritten(o_shape, dtype=v.dtype, device=v.device)
     lse = unwritten((H, NC, BT), dtype=torch.float32, device=v.device)
     has_gate = gl is not None
     num_warps, num_stages, _, maxnreg = _launch_config("fwd", D, DV)
@@ -139,16 +139,16 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     return o, lse
 
 
-def _output_rows(token_rows, H, NC, BT, DV, dtype, device, chunk_index):
-    """(o, the row index, its number of tokens, o's (s_t, s_h)) for the scan kernels' row addressing of o and dO:
-    o ``[H, NC, BT, DV]`` with rows n·BT + i, or for ``token_rows = (tokens, B, T)`` o ``[B, T, H, DV]`` with the
-    rows in ``tokens``. The kernels read the index only where the layout has padding (more slots than tokens):
-    without it (every sequence a whole number of chunks) row n·BT + i of the layout is token n·BT + i."""
+def _o_rows(token_rows, chunk_index, H, NC, BT, DV):
+    """How the scan kernels address the rows of o and dO (``_triton_path``, "Rows of o and dO"): (o's shape, the
+    row index, the number of tokens, (s_t, s_h) of contiguous o). In the chunk layout o is ``[H, NC, BT, DV]`` and
+    row i of chunk n is n·BT + i (the index is not read); with ``token_rows = (tokens, B, T)`` o is
+    ``[B, T, H, DV]`` and the row is ``tokens[n·BT + i]``, which the kernels read only where the layout has padding
+    (more slots than tokens): without it (every sequence a whole number of chunks) it is n·BT + i as well."""
     if token_rows is None:
-        o = unwritten((H, NC, BT, DV), dtype=dtype, device=device)
-        return o, chunk_index, NC * BT, (DV, o.stride(0))  # the index is not read
+        return (H, NC, BT, DV), chunk_index, NC * BT, (DV, NC * BT * DV)
     tokens, B, T = token_rows
-    return unwritten((B, T, H, DV), dtype=dtype, device=device), tokens, B * T, (H * DV, DV)
+    return (B, T, H, DV), tokens, B * T, (H * DV, DV)
 
 
 def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs):
@@ -193,13 +193,11 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()  # o's strides
-    tok, n_tok = (chunk_index, NC * BT) if token_rows is None else (token_rows[0], token_rows[1] * token_rows[2])
-    so_t, so_h = (DV, o.stride(0)) if token_rows is None else (H * DV, DV)
+    _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
     delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
-    # δ = rowsum(dO ∘ o) ([H, NC, BT] or [B, T, H]), formed here or by the kernel (which then never reads DELTA:
-    # o stands in)
+    # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed here or by the
+    # kernel (which then never reads DELTA: o stands in)
     delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
-    sdl_t, sdl_h = (0, 0) if delta_here else (1, NC * BT) if token_rows is None else (H, 1)
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
@@ -222,7 +220,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order, tok,
-        NC, H, n_items, max_chunks, n_tok, so_t, so_h, sdl_t, sdl_h, scale, scale * LOG2E,
+        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
