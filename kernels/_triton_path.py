@@ -37,6 +37,12 @@ fixed number of persistent programs (a few per SM) the extra memory is O(T·D), 
 is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
 heads meet in fp32 atomics (dk̃, dV, dM, dG).
 
+The gate (PaTH-FoX). G_i = offset_c + G_local_i for row i of chunk c (``_layout.chunk_gate``: offsets in fp64,
+local sums in fp32), so a pair's gate term is G_i − G_j = G_local_i − (G_local_j − (offset_c − offset_m)): the
+key-side part is formed once per key column (``_key_gate``), one pair ahead of its use (``GATE_AHEAD``).
+The backward's ∂L/∂G_i = Σ_j dS_ij − Σ_k dS_ki sums dS by row and by column (``GATE_ROWS``; in exact
+arithmetic the row sums are zero: Σ_j P_ij (dP_ij − δ_i) = dO_i · o_i − δ_i).
+
 The items come longest first (``ORDER``), dealt out round by round in a snake: program p takes the p-th item of
 even rounds and the p-th from the end of odd ones (of a last, partial round, among the programs it reaches).
 Dealt in one direction every round, the first program would take the longest item of each round: with 512 items
@@ -85,13 +91,23 @@ def _store_rows(X, tok, valid, s_t, col, val, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
+    """The keys' side of the gate term of query chunk c with key chunk kn (module docstring, "The gate"), base 2:
+    (G_j − offset_c) · log₂e = (G_local_j − (offset_c − offset_kn)) · log₂e, ``[BT]`` fp32, the offsets'
+    difference taken in fp64 (``go_c`` = offset_c)."""
+    shift = (go_c - tl.load(GO + h * NC + kn)).to(tl.float32)
+    return (tl.load(GL + (h * NC + kn) * BT + rows) - shift) * 1.4426950408889634
+
+
+@triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
     NC, NTOK, so_t, so_h, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, GATHER: tl.constexpr,
+    PREC: tl.constexpr, GATHER: tl.constexpr, GATE_AHEAD: tl.constexpr = True,
 ):
-    """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h."""
+    """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h.
+    GATE_AHEAD: each pair's gate loaded one pair ahead (module docstring, "The gate")."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -109,6 +125,7 @@ def _path_fwd_kernel(
         gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
         go_c = tl.load(GO + h * NC + n)  # fp64
         s += gq[:, None] - gq[None, :]
+        key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(c - 1, 0), go_c, rows, BT)
     s = tl.where(rows[:, None] >= rows[None, :], s, float("-inf"))
     m_i = tl.max(s, 1)
     p = tl.math.exp2(s - m_i[:, None])
@@ -123,9 +140,11 @@ def _path_fwd_kernel(
         kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
         s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
         if HAS_GATE:
-            gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
-            shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
-            s += gq[:, None] - gk[None, :] + shift
+            if not GATE_AHEAD:
+                key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
+            s += gq[:, None] - key_gate[None, :]
+            if GATE_AHEAD:  # the next pair's (the loads' latency hides behind this pair's dots)
+                key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(m - 1, 0), go_c, rows, BT)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
@@ -166,7 +185,8 @@ def _path_bwd_kernel(
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False,
+    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
+    GATE_ROWS: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
@@ -214,9 +234,7 @@ def _path_bwd_kernel(
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_c = tl.load(GO + h * NC + n)
-        else:
-            gq = dg_row
-            go_c = 0.0
+            key_gate = _key_gate(GL, GO, h, NC, first, go_c, rows, BT)
         lam = tl.zeros([BT, D], dtype=tl.float32)
         q = tl.load(QS + qrow * D + tile_d)
 
@@ -242,10 +260,12 @@ def _path_bwd_kernel(
                 ql = tl.load(scratch + m * BT * D + tile_d)
             kt = tl.load(KS + krow * D + tile_d)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-            if HAS_GATE:
-                gk = tl.load(GL + (h * NC + kn) * BT + rows) * 1.4426950408889634
-                shift = ((go_c - tl.load(GO + h * NC + kn)) * 1.4426950408889634).to(tl.float32)
-                s += gq[:, None] - gk[None, :] + shift
+            if HAS_GATE:  # as in the forward
+                if not GATE_AHEAD:
+                    key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
+                s += gq[:, None] - key_gate[None, :]
+                if GATE_AHEAD:
+                    key_gate = _key_gate(GL, GO, h, NC, first + tl.minimum(m + 1, c - 1), go_c, rows, BT)
             p = tl.math.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
@@ -255,7 +275,8 @@ def _path_bwd_kernel(
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
                         tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
             if HAS_GATE:
-                dg_row += tl.sum(ds, 1)
+                if GATE_ROWS:
+                    dg_row += tl.sum(ds, 1)
                 _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
             # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
             # products vanish: no branch, as above)
@@ -285,6 +306,7 @@ def _path_bwd_kernel(
                     tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
-            dg_row += tl.sum(ds, 1)
+            if GATE_ROWS:
+                dg_row += tl.sum(ds, 1)
             _accumulate(NO_ATOMICS, ACQ_REL, DG + qrow + rows, dg_row - tl.sum(ds, 0))
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
