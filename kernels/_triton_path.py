@@ -163,6 +163,18 @@ def _path_fwd_kernel(
 
 
 @triton.jit
+def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr):
+    """δ_r = dO_r · o_r (fp32) for ``ROWS`` rows of contiguous ``[n_rows, DV]`` dO and o: the backward's row
+    term, in one pass over both before the scan (when the scan does not form it itself; ``path._delta_mode``)."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    col = tl.arange(0, DV)
+    valid = r < n_rows
+    do = tl.load(DO + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    o = tl.load(O + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + r, tl.sum(do * o, 1), mask=valid)
+
+
+@triton.jit
 def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
     """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
     no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
@@ -185,14 +197,13 @@ def _path_bwd_kernel(
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
-    GATE_ROWS: tl.constexpr = False,
+    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
-    ``O``, else read from ``DELTA`` (see path._delta_in_kernel). Rows of O, dO (O's strides) and δ as in the
+    ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
     forward (module docstring): (token r, query head h) at r·s_t + h·s_h."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -234,7 +245,6 @@ def _path_bwd_kernel(
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_c = tl.load(GO + h * NC + n)
-            key_gate = _key_gate(GL, GO, h, NC, first, go_c, rows, BT)
         lam = tl.zeros([BT, D], dtype=tl.float32)
         q = tl.load(QS + qrow * D + tile_d)
 
@@ -260,12 +270,8 @@ def _path_bwd_kernel(
                 ql = tl.load(scratch + m * BT * D + tile_d)
             kt = tl.load(KS + krow * D + tile_d)
             s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-            if HAS_GATE:  # as in the forward
-                if not GATE_AHEAD:
-                    key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
-                s += gq[:, None] - key_gate[None, :]
-                if GATE_AHEAD:
-                    key_gate = _key_gate(GL, GO, h, NC, first + tl.minimum(m + 1, c - 1), go_c, rows, BT)
+            if HAS_GATE:  # loaded here, not a pair ahead as in the forward (module docstring, "The gate")
+                s += gq[:, None] - _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)[None, :]
             p = tl.math.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
@@ -275,8 +281,7 @@ def _path_bwd_kernel(
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
                         tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
             if HAS_GATE:
-                if GATE_ROWS:
-                    dg_row += tl.sum(ds, 1)
+                dg_row += tl.sum(ds, 1)
                 _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
             # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
             # products vanish: no branch, as above)
@@ -306,7 +311,6 @@ def _path_bwd_kernel(
                     tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
-            if GATE_ROWS:
-                dg_row += tl.sum(ds, 1)
+            dg_row += tl.sum(ds, 1)
             _accumulate(NO_ATOMICS, ACQ_REL, DG + qrow + rows, dg_row - tl.sum(ds, 0))
         tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

@@ -134,7 +134,7 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
         NC, n_tok, so_t, so_h, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
-        GATE_AHEAD=_switch("PATHLAB_PATH_GATE_AHEAD", True),
+        GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
@@ -158,21 +158,33 @@ def _scan_fwd_fake(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
             torch.empty((H, NC, BT), dtype=torch.float32, device=v.device))
 
 
-DELTA_VALUES = ("auto", "kernel", "torch")
+DELTA_VALUES = ("auto", "kernel", "pass", "torch")
 
 
-def _delta_in_kernel(has_gate: bool, max_chunks: int) -> bool:
-    """Whether the backward scan computes δ_i = dO_i · o_i itself (from o) or reads it from a pass before it
-    (``PATHLAB_PATH_BWD_DELTA``: kernel, torch, or auto = in the kernel, except with the gate on sequences of 64
-    chunks or more). On an H200, 12×64, in the kernel against before it: PaTH fwd+bwd −6.4% at T = 512, −2.8% at
-    4096, −1.3% at 16384; PaTH-FoX −5.0% at 512, but +3.1% at 4096 and +5.1% at 16384
-    (``benchmarks/results/kernels-h200-delta-in-kernel.json``)."""
+def _delta_mode(has_gate: bool, max_chunks: int) -> str:
+    """Where the backward's δ_i = dO_i · o_i is formed (``PATHLAB_PATH_BWD_DELTA``): ``"kernel"`` by the scan
+    itself, from o; ``"pass"`` by a Triton pass over dO and o before it (``_triton_path._delta_kernel``);
+    ``"torch"`` by PyTorch ops before it (fp32 copies of both: slower). ``"auto"`` = in the kernel, except with
+    the gate on sequences of 64 chunks or more, where it is a pass. On an H200, 12×64, in the kernel against
+    PyTorch before it: PaTH fwd+bwd −6.4% at T = 512, −2.8% at 4096, −1.3% at 16384; PaTH-FoX −5.0% at 512,
+    but +3.1% at 4096 and +5.1% at 16384 (``benchmarks/results/kernels-h200-delta-in-kernel.json``)."""
     value = os.environ.get("PATHLAB_PATH_BWD_DELTA") or "auto"
     if value not in DELTA_VALUES:
         raise ValueError(f"PATHLAB_PATH_BWD_DELTA must be one of {DELTA_VALUES}, got {value!r}")
     if value == "auto":
-        return not has_gate or max_chunks < 64
-    return value == "kernel"
+        return "kernel" if not has_gate or max_chunks < 64 else "pass"
+    return value
+
+
+def _delta(do, o):
+    """δ = rowsum(dO ∘ o) in fp32, o's shape without its last dim (contiguous dO and o)."""
+    from ._triton_path import _delta_kernel
+
+    DV = o.shape[-1]
+    delta = unwritten(o.shape[:-1], dtype=torch.float32, device=o.device)
+    n_rows, rows = delta.numel(), 64
+    _delta_kernel[(-(-n_rows // rows),)](do, o, delta, n_rows, DV=DV, ROWS=rows, num_warps=4)
+    return delta
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
@@ -195,10 +207,14 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()  # o's strides
     _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
-    delta_here = _delta_in_kernel(gl is not None, int(max_chunks))
+    delta_mode = _delta_mode(gl is not None, int(max_chunks))
+    delta_here = delta_mode == "kernel"
     # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed here or by the
     # kernel (which then never reads DELTA: o stands in)
-    delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
+    if delta_mode == "pass":
+        delta = _delta(do, o)
+    else:
+        delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
@@ -231,7 +247,6 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         # the work items dealt in a snake (PATHLAB_PATH_BWD_SNAKE), for balance: on an H200 fwd+bwd took 16%
         # less time at 16×128, 1-2% less at 12×64 (benchmarks/results/kernels-h200-head-groups-snake.json)
         SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True), DELTA_HERE=delta_here,
-        GATE_AHEAD=_switch("PATHLAB_PATH_GATE_AHEAD", True), GATE_ROWS=_switch("PATHLAB_PATH_BWD_GATE_ROWS", True),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",

@@ -103,7 +103,7 @@ V_LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("delta", ["kernel", "torch"])
+@pytest.mark.parametrize("delta", ["kernel", "pass"])
 @pytest.mark.parametrize("T,v_layout,packed", [(32, "fused-projection", None), (45, "time-slice", None),
                                                (48, "fused-projection", [16, 32])],
                          ids=["whole-chunks", "padded", "packed-whole-chunks"])
@@ -135,27 +135,39 @@ def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, B, T, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
-@pytest.mark.parametrize("delta", ["kernel", "torch"])
+@pytest.mark.parametrize("delta", ["kernel", "pass", "torch"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_delta_inside_or_before_the_backward_scan(monkeypatch, delta, gate):
-    """δ = rowsum(dO ∘ o) computed by the backward scan from o, or by a pass before it
-    (``PATHLAB_PATH_BWD_DELTA``), with and without the gate: both match the fp64 reference."""
+    """δ = rowsum(dO ∘ o) computed by the backward scan from o, or before it by a Triton pass or by PyTorch
+    (``PATHLAB_PATH_BWD_DELTA``), with and without the gate: all match the fp64 reference."""
     monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
     compare(make(2, 45, 4, 2, 32, 16, torch.float32, gate=gate), tol=1e-5, block_size=16)
 
 
 def test_delta_setting(monkeypatch):
-    from pathlab.kernels.path import _delta_in_kernel
+    from pathlab.kernels.path import _delta_mode
 
     monkeypatch.delenv("PATHLAB_PATH_BWD_DELTA", raising=False)
-    assert _delta_in_kernel(False, 256) and _delta_in_kernel(True, 63) and not _delta_in_kernel(True, 64)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "torch")
-    assert not _delta_in_kernel(False, 1)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "kernel")
-    assert _delta_in_kernel(True, 256)
+    assert _delta_mode(False, 256) == "kernel" and _delta_mode(True, 63) == "kernel"
+    assert _delta_mode(True, 64) == "pass"
+    for value in ("torch", "pass", "kernel"):
+        monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", value)
+        assert _delta_mode(False, 1) == value and _delta_mode(True, 256) == value
     monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "before")
     with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_DELTA must be one of"):
-        _delta_in_kernel(False, 1)
+        _delta_mode(False, 1)
+
+
+def test_delta_pass_matches_its_definition():
+    """The Triton δ pass against rowsum(dO ∘ o) in fp64, on a row count that is not a multiple of its block
+    (masked tail) and fp16 inputs (summed in fp32)."""
+    from pathlab.kernels.path import _delta
+
+    do, o = torch.randn(3, 37, 5, 32).half(), torch.randn(3, 37, 5, 32).half()
+    want = (do.double() * o.double()).sum(-1)
+    got = _delta(do, o)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_rms(got, want) < 1e-6
 
 
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 3)])
