@@ -86,6 +86,26 @@ def _mm(a, b, HALF: tl.constexpr, A_UNIT: tl.constexpr = False, B_UNIT: tl.const
 
 
 @triton.jit
+def _operand(x, HALF: tl.constexpr, UNIT: tl.constexpr = False):
+    """x as a product operand, (tile, scale): ``_half_operand(x, UNIT)`` with ``HALF``, else (x, 1). A tile that
+    enters several products is made an operand once: with ``HALF`` each scale takes a reduction across the
+    program's warps, and ``tl.trans`` of the fp16 tile keeps its scale."""
+    if HALF:
+        return _half_operand(x, UNIT)
+    else:
+        return x, 1.0
+
+
+@triton.jit
+def _dot(a, sa, b, sb, HALF: tl.constexpr):
+    """The product of two operands of ``_operand`` (``(a, sa)``, ``(b, sb)``) in fp32, as ``_mm``."""
+    if HALF:
+        return tl.dot(a, b) * (sa * sb)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
     """Rows ``[BT, D]`` of ``X[b, t, :]`` (X already offset to one head) for the chunk's flat tokens b·T + t,
     in fp32, zeros for padding."""
@@ -196,12 +216,16 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 
 @triton.jit
 def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
-    """A D_β, U = A D_β W, strictLower(W Kᵀ) and X = A D_β strictLower(W Kᵀ)."""
+    """A D_β, U = A D_β W, strictLower(W Kᵀ), X = A D_β strictLower(W Kᵀ), and w and k as operands
+    (``_operand``: (w_h, k_h, k_s))."""
     ad = a * b[None, :]
-    u = _mm(ad, w, HALF, B_UNIT=True)
-    wk = tl.where(rows[:, None] > rows[None, :], _mm(w, tl.trans(k), HALF, A_UNIT=True), 0.0)
-    x = _mm(ad, wk, HALF)
-    return ad, u, wk, x
+    ad_h, ad_s = _operand(ad, HALF)
+    w_h, w_s = _operand(w, HALF, True)
+    k_h, k_s = _operand(k, HALF)
+    u = _dot(ad_h, ad_s, w_h, w_s, HALF)
+    wk = tl.where(rows[:, None] > rows[None, :], _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
+    x = _dot(ad_h, ad_s, *_operand(wk, HALF), HALF)
+    return ad, u, wk, x, w_h, k_h, k_s
 
 
 @triton.jit
@@ -212,29 +236,35 @@ def _ut_fwd_kernel(
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
+    ad, u, wk, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u_h, u_s = _operand(u, HALF)
+    x_h, x_s = _operand(x, HALF)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    tl.store(KS + out, k - _mm(tl.trans(x), w, HALF, B_UNIT=True))
+    tl.store(KS + out, k - _dot(tl.trans(x_h), x_s, w_h, 1.0, HALF))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
-             _mm(tl.trans(w), u, HALF, A_UNIT=True))
+             _dot(tl.trans(w_h), 1.0, u_h, u_s, HALF))
     lower = rows[:, None] >= rows[None, :]
     for gi in range(GROUP):
         h = hk * GROUP + gi
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        qw = tl.where(lower, _mm(q, tl.trans(w), HALF, B_UNIT=True), 0.0)
+        q_h, q_s = _operand(q, HALF)
+        qw_h, qw_s = _operand(tl.where(lower, _dot(q_h, q_s, tl.trans(w_h), 1.0, HALF), 0.0), HALF)
         qrow = (h * NC + n) * BT + rows[:, None]
-        tl.store(QS + qrow * D + dcol[None, :], q - _mm(qw, u, HALF))
-        s = _mm(q, tl.trans(k), HALF) - _mm(qw, x, HALF)
+        tl.store(QS + qrow * D + dcol[None, :], q - _dot(qw_h, qw_s, u_h, u_s, HALF))
+        s = _dot(q_h, q_s, tl.trans(k_h), k_s, HALF) - _dot(qw_h, qw_s, x_h, x_s, HALF)
         tl.store(SD + qrow * BT + rows[None, :], s)
 
 
 @triton.jit
 def _end_gradients(w, u, x, dk_end, dm, HALF: tl.constexpr):
     """The paths through k̃ = K − Xᵀ W and M = Wᵀ U: (dU, dX, dK, dW) so far."""
-    du = _mm(w, dm, HALF, A_UNIT=True)  # M = Wᵀ U
-    dw = _mm(u, tl.trans(dm), HALF)
-    dx = -_mm(w, tl.trans(dk_end), HALF, A_UNIT=True)  # k̃ = K − Xᵀ W
-    dw -= _mm(x, dk_end, HALF)
+    w_h, w_s = _operand(w, HALF, True)
+    dm_h, dm_s = _operand(dm, HALF)
+    dke_h, dke_s = _operand(dk_end, HALF)
+    du = _dot(w_h, w_s, dm_h, dm_s, HALF)  # M = Wᵀ U
+    dw = _dot(*_operand(u, HALF), tl.trans(dm_h), dm_s, HALF)
+    dx = -_dot(w_h, w_s, tl.trans(dke_h), dke_s, HALF)  # k̃ = K − Xᵀ W
+    dw -= _dot(*_operand(x, HALF), dke_h, dke_s, HALF)
     return du, dx, dk_end, dw
 
 
@@ -245,7 +275,7 @@ def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t
     :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x = _chunk_factors(a, w, k, b, rows, HALF)
+    ad, u, wk, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm, HALF)
@@ -275,21 +305,23 @@ def _ut_bwd_end_kernel(
 @triton.jit
 def _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF: tl.constexpr):
     """One query head's dQ (final) and dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ)."""
+    ds_h, ds_s = _operand(ds, HALF)
     dqw = -(_mm(dq_start, tl.trans(u), HALF)
-            + _mm(ds, tl.trans(x), HALF))
+            + _dot(ds_h, ds_s, *_operand(tl.trans(x), HALF), HALF))
     dqw = tl.where(lower, dqw, 0.0)
-    dq = dq_start + _mm(ds, k, HALF) + _mm(dqw, w, HALF, B_UNIT=True)
+    dq = dq_start + _dot(ds_h, ds_s, *_operand(k, HALF), HALF) + _mm(dqw, w, HALF, B_UNIT=True)
     return dq, dqw
 
 
 @triton.jit
 def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF: tl.constexpr):
     """One query head's terms of dU, dX, dK and dW (the sums over the group)."""
-    qw = tl.where(lower, _mm(q, tl.trans(w), HALF, B_UNIT=True), 0.0)
-    du -= _mm(tl.trans(qw), dq_start, HALF)
-    dx -= _mm(tl.trans(qw), ds, HALF)
-    dk += _mm(tl.trans(ds), q, HALF)
-    dw += _mm(tl.trans(dqw), q, HALF)
+    q_h, q_s = _operand(q, HALF)
+    qw_h, qw_s = _operand(tl.where(lower, _dot(q_h, q_s, *_operand(tl.trans(w), HALF, True), HALF), 0.0), HALF)
+    du -= _dot(tl.trans(qw_h), qw_s, *_operand(dq_start, HALF), HALF)
+    dx -= _dot(tl.trans(qw_h), qw_s, *_operand(ds, HALF), HALF)
+    dk += _dot(*_operand(tl.trans(ds), HALF), q_h, q_s, HALF)
+    dw += _dot(*_operand(tl.trans(dqw), HALF), q_h, q_s, HALF)
     return du, dx, dk, dw
 
 
@@ -393,20 +425,22 @@ def _ut_bwd_chunk_kernel(
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     strict = rows[:, None] > rows[None, :]
-    ad = a * b[None, :]
-    wk = tl.where(strict, _mm(w, tl.trans(k), HALF, A_UNIT=True), 0.0)
+    w_h, w_s = _operand(w, HALF, True)
+    k_h, k_s = _operand(k, HALF)
+    adt_h, adt_s = _operand(tl.trans(a * b[None, :]), HALF)  # (A D_β)ᵀ
+    wk = tl.where(strict, _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    du = tl.load(DU + chunk)
-    dx = tl.load(DX + square)
+    du_h, du_s = _operand(tl.load(DU + chunk), HALF)
+    dx_h, dx_s = _operand(tl.load(DX + square), HALF)
     dk = tl.load(DKP + chunk)
     dw = tl.load(DWP + chunk)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
-    dad = _mm(du, tl.trans(w), HALF, B_UNIT=True) + _mm(dx, tl.trans(wk), HALF)
-    dw += _mm(tl.trans(ad), du, HALF)
-    dwk = tl.where(strict, _mm(tl.trans(ad), dx, HALF), 0.0)
-    dw += _mm(dwk, k, HALF)
-    dk += _mm(tl.trans(dwk), w, HALF, B_UNIT=True)
+    dad = _dot(du_h, du_s, tl.trans(w_h), w_s, HALF) + _dot(dx_h, dx_s, *_operand(tl.trans(wk), HALF), HALF)
+    dw += _dot(adt_h, adt_s, du_h, du_s, HALF)
+    dwk_h, dwk_s = _operand(tl.where(strict, _dot(adt_h, adt_s, dx_h, dx_s, HALF), 0.0), HALF)
+    dw += _dot(dwk_h, dwk_s, k_h, k_s, HALF)
+    dk += _dot(tl.trans(dwk_h), dwk_s, w_h, w_s, HALF)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     if SPLIT:
@@ -425,8 +459,8 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
     strict = rows[:, None] > rows[None, :]
     da = dad * b[None, :]
     db = tl.sum(a * dad, axis=0)
-    at = tl.trans(a)
-    dn = -_mm(_mm(at, da, HALF), at, HALF)
+    at_h, at_s = _operand(tl.trans(a), HALF)
+    dn = -_dot(*_operand(_dot(at_h, at_s, *_operand(da, HALF), HALF), HALF), at_h, at_s, HALF)
     dn = tl.where(strict, dn, 0.0)
     db += tl.sum(dn * _mm(w, tl.trans(w), HALF, A_UNIT=True, B_UNIT=True), axis=1)
     dgram = dn * b[:, None]
