@@ -135,6 +135,15 @@ def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, B, T, 
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
 
 
+@pytest.mark.parametrize("ahead", ["0", "1"], ids=["gate-where-used", "gate-a-pair-ahead"])
+@pytest.mark.parametrize("T", [16, 17, 100], ids=["one-chunk", "two-chunks", "seven-chunks"])
+def test_forward_gate_loaded_ahead_or_where_used(monkeypatch, ahead, T):
+    """The forward loads each chunk pair's gate one pair ahead (``PATHLAB_PATH_FWD_GATE_AHEAD``, default on) or
+    where it is used: both match the fp64 reference, from a single chunk (no pair) to several."""
+    monkeypatch.setenv("PATHLAB_PATH_FWD_GATE_AHEAD", ahead)
+    compare(make(2, T, 4, 2, 16, 16, torch.float32, gate=True), tol=1e-5, block_size=16)
+
+
 @pytest.mark.parametrize("delta", ["kernel", "pass", "torch"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_delta_inside_or_before_the_backward_scan(monkeypatch, delta, gate):
