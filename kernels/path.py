@@ -134,6 +134,8 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
         NC, n_tok, so_t, so_h, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
+        # each pair's gate loaded a pair ahead (PATHLAB_PATH_FWD_GATE_AHEAD): on an H200 the gated forward took 1-4%
+        # less time at 12×64, 9% less at 16×128 (benchmarks/results/kernels-h200-gate-ahead.json)
         GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
@@ -167,7 +169,9 @@ def _delta_mode(has_gate: bool, max_chunks: int) -> str:
     ``"torch"`` by PyTorch ops before it (fp32 copies of both: slower). ``"auto"`` = in the kernel, except with
     the gate on sequences of 64 chunks or more, where it is a pass. On an H200, 12×64, in the kernel against
     PyTorch before it: PaTH fwd+bwd −6.4% at T = 512, −2.8% at 4096, −1.3% at 16384; PaTH-FoX −5.0% at 512,
-    but +3.1% at 4096 and +5.1% at 16384 (``benchmarks/results/kernels-h200-delta-in-kernel.json``)."""
+    but +3.1% at 4096 and +5.1% at 16384 (``benchmarks/results/kernels-h200-delta-in-kernel.json``). The pass
+    against PyTorch, PaTH-FoX: −3.0% at T = 4096, −1.2% at 16384, −0.8% at 16384 with 16×128; against the
+    kernel, PaTH: within ±0.5% (``kernels-h200-delta-pass.json``)."""
     value = os.environ.get("PATHLAB_PATH_BWD_DELTA") or "auto"
     if value not in DELTA_VALUES:
         raise ValueError(f"PATHLAB_PATH_BWD_DELTA must be one of {DELTA_VALUES}, got {value!r}")
