@@ -90,7 +90,8 @@ def _operand(x, HALF: tl.constexpr, UNIT: tl.constexpr = False):
     """x as a product operand, (tile, scale): ``_half_operand(x, UNIT)`` with ``HALF``, else (x, 1). A tile that
     enters several products is made an operand once: with ``HALF`` each scale takes a reduction across the
     program's warps, and ``tl.trans`` of the fp16 tile keeps its scale. Against a scale per use (same results,
-    bit for bit), built by Triton 3.6 for sm_90 the backward's first kernel has 100 barriers instead of 132, and
+    bit for bit), built by Triton 3.6 for sm_90 the backward's first kernel has 100 barriers instead of 132
+(``benchmarks/results/kernel-resources-sm90-triton36-ut-d64-*.json``), and
     on an H200 a PaTH forward+backward took 4% less time at T = 512 and 2% less at T = 4096 (12×64;
     ``benchmarks/results/kernels-h200-ut-operands-*.json``). Without any scaling (not safe: a gradient's scale is
     arbitrary) the UT kernels took 0.48 ms less, 2.06 against 2.54 (``kernels-h200-ut-noscale.json``)."""
