@@ -91,10 +91,10 @@ def _operand(x, HALF: tl.constexpr, UNIT: tl.constexpr = False):
     enters several products is made an operand once: with ``HALF`` each scale takes a reduction across the
     program's warps, and ``tl.trans`` of the fp16 tile keeps its scale. Against a scale per use (same results,
     bit for bit), built by Triton 3.6 for sm_90 the backward's first kernel has 100 barriers instead of 132
-(``benchmarks/results/kernel-resources-sm90-triton36-ut-d64-*.json``), and
-    on an H200 a PaTH forward+backward took 4% less time at T = 512 and 2% less at T = 4096 (12×64;
-    ``benchmarks/results/kernels-h200-ut-operands-*.json``). Without any scaling (not safe: a gradient's scale is
-    arbitrary) the UT kernels took 0.48 ms less, 2.06 against 2.54 (``kernels-h200-ut-noscale.json``)."""
+    (``benchmarks/results/kernel-resources-sm90-triton36-ut-d64-*.json``), and on an H200 a PaTH
+    forward+backward took 4% less time at T = 512 and 2% less at T = 4096 (12×64;
+    ``kernels-h200-ut-operands-*.json``). Without any scaling (not safe: a gradient's scale is arbitrary) the
+    UT kernels took 0.48 ms less, 2.06 against 2.54 (``kernels-h200-ut-noscale.json``)."""
     if HALF:
         return _half_operand(x, UNIT)
     else:
@@ -222,7 +222,7 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 @triton.jit
 def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
     """A D_β, U = A D_β W, strictLower(W Kᵀ), X = A D_β strictLower(W Kᵀ), and w and k as operands
-    (``_operand``: (w_h, k_h, k_s))."""
+    (``_operand``: w_h, whose scale is 1, and k_h, k_s)."""
     ad = a * b[None, :]
     ad_h, ad_s = _operand(ad, HALF)
     w_h, w_s = _operand(w, HALF, True)
