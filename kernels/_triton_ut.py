@@ -221,8 +221,8 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 
 @triton.jit
 def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
-    """A D_β, U = A D_β W, strictLower(W Kᵀ), X = A D_β strictLower(W Kᵀ), and w and k as operands
-    (``_operand``: w_h, whose scale is 1, and k_h, k_s)."""
+    """U = A D_β W and X = A D_β strictLower(W Kᵀ), and w and k as operands (``_operand``: w_h, whose scale is 1,
+    and k_h, k_s)."""
     ad = a * b[None, :]
     ad_h, ad_s = _operand(ad, HALF)
     w_h, w_s = _operand(w, HALF, True)
@@ -230,7 +230,7 @@ def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
     u = _dot(ad_h, ad_s, w_h, w_s, HALF)
     wk = tl.where(rows[:, None] > rows[None, :], _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
     x = _dot(ad_h, ad_s, *_operand(wk, HALF), HALF)
-    return ad, u, wk, x, w_h, k_h, k_s
+    return u, x, w_h, k_h, k_s
 
 
 @triton.jit
@@ -241,7 +241,7 @@ def _ut_fwd_kernel(
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     u_h, u_s = _operand(u, HALF)
     x_h, x_s = _operand(x, HALF)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
@@ -280,7 +280,7 @@ def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t
     :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    ad, u, wk, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm, HALF)

@@ -212,13 +212,14 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     do = do.to(v.dtype).contiguous()  # o's strides
     _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
     delta_mode = _delta_mode(gl is not None, int(max_chunks))
-    delta_here = delta_mode == "kernel"
     # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed here or by the
     # kernel (which then never reads DELTA: o stands in)
-    if delta_mode == "pass":
+    if delta_mode == "kernel":
+        delta = o
+    elif delta_mode == "pass":
         delta = _delta(do, o)
     else:
-        delta = o if delta_here else (do.float() * o.float()).sum(-1).contiguous()
+        delta = (do.float() * o.float()).sum(-1).contiguous()
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:
@@ -250,7 +251,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         PREFETCH=_switch("PATHLAB_PATH_BWD_PREFETCH", max(D, DV) <= 64),
         # the work items dealt in a snake (PATHLAB_PATH_BWD_SNAKE), for balance: on an H200 fwd+bwd took 16%
         # less time at 16×128, 1-2% less at 12×64 (benchmarks/results/kernels-h200-head-groups-snake.json)
-        SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True), DELTA_HERE=delta_here,
+        SNAKE=_switch("PATHLAB_PATH_BWD_SNAKE", True), DELTA_HERE=delta_mode == "kernel",
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
