@@ -19,6 +19,12 @@ forward pass over a 65,536-token sequence per variant in bf16 without gradients;
 memory and that the loss is finite. A T x T score matrix at 65K would need 16 GiB per head in fp32, so a small
 peak shows that no variant materialises it.
 
+Data parallel (``--gpus N``): each measurement runs under ``torchrun --nproc_per_node N`` with
+DistributedDataParallel, one process per GPU, each with the per-GPU batch ``--batch`` x ``--block`` (weak scaling:
+the global batch grows with N, as when a run adds GPUs and lowers its gradient accumulation). Then
+
+    tokens/s = steps x N x batch x block / elapsed,   scaling efficiency = tokens/s(N) / (N x tokens/s(1)).
+
 Isolation: every measurement (one variant, one phase) runs in its own Python subprocess with its own time limit
 (``--variant-timeout-s``), so a crash, a compiler failure or a hang of one variant is recorded as that variant's
 ``error`` (with the tail of its output, its exit code, ``timed_out``) and the others still run with a fresh GPU.
@@ -36,6 +42,7 @@ import math
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +52,7 @@ from pathlib import Path
 import torch
 
 import pathlab
+from pathlab import distributed
 from pathlab.atomic import atomic_write_text
 from pathlab.profiling import time_by_kernel
 from pathlab.train import make_optimizer
@@ -62,19 +70,23 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def throughput(variant: str, args) -> dict:
-    device = torch.device(args.device)
+def throughput(variant: str, args, ctx: distributed.DistContext) -> dict:
+    """One variant's training throughput on this process's device (all processes' tokens under torchrun)."""
+    device = ctx.device
     torch.manual_seed(0)
     cfg = pathlab.ModelConfig(n_layer=args.layers, n_head=args.width // 64, n_embd=args.width, vocab_size=50304,
                               attention=variant)
     model = pathlab.build_model(cfg).to(device)
     optim = make_optimizer(model, {"lr": 6e-4, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95}, device)
+    n_parameters = sum(p.numel() for p in set(model.parameters()))
     if args.compile == "blocks":
         for block in model.blocks:
             block.compile()
     elif args.compile == "model":
         model = torch.compile(model)
+    model = distributed.wrap_model(model, ctx, "ddp")  # unchanged on one process
     B, T = args.batch, args.block
+    torch.manual_seed(ctx.rank)  # each process its own tokens
     x = torch.randint(0, 50257, (B, T + 1), device=device)
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
@@ -87,24 +99,30 @@ def throughput(variant: str, args) -> dict:
         optim.zero_grad(set_to_none=True)
         return loss.detach()
 
+    def sync_all():
+        _sync(device)
+        ctx.barrier()
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         loss = step()
-    _sync(device)
+    sync_all()
     warm_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
-    _sync(device)
+    sync_all()
     elapsed = time.perf_counter() - t0
     profile = time_by_kernel(step, args.profile_steps, device) if args.profile_steps else None
+    loss = float(ctx.all_reduce_mean(loss.float()))
     out = {
-        "variant": variant, "tokens_per_s": args.steps * B * T / elapsed, "ms_per_step": 1000 * elapsed / args.steps,
-        "warmup_s": warm_s, "loss": float(loss), "loss_finite": math.isfinite(float(loss)),
+        "variant": variant, "processes": ctx.world_size,
+        "tokens_per_s": args.steps * ctx.world_size * B * T / elapsed, "ms_per_step": 1000 * elapsed / args.steps,
+        "warmup_s": warm_s, "loss": loss, "loss_finite": math.isfinite(loss),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        "parameters": sum(p.numel() for p in set(model.parameters())),
+        "parameters": n_parameters,
     }
     if profile is not None:
         out["profile"] = profile
@@ -141,8 +159,15 @@ def eval_smoke(variant: str, args) -> dict:
     return out
 
 
-def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> dict:
-    """Run one measurement in a fresh ``python bench_throughput.py ... --worker KIND:VARIANT`` process.
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float, nproc: int = 1) -> dict:
+    """Run one measurement in a fresh ``python bench_throughput.py ... --worker KIND:VARIANT`` process (under
+    ``torchrun --nproc_per_node NPROC`` when ``nproc > 1``; process 0 writes the result).
 
     Returns the worker's result dict, or ``{"variant", "error", "returncode", "timed_out", "output_tail"}`` when
     it fails, exits without a result or runs past ``timeout_s`` (then its whole process group, compile workers
@@ -151,7 +176,11 @@ def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> 
     with tempfile.TemporaryDirectory(prefix="bench_throughput_") as tmp:
         result_path = Path(tmp) / "result.json"
         log_path = Path(tmp) / "output.log"
-        cmd = [sys.executable, str(Path(__file__).resolve()), *argv,
+        launcher = [sys.executable]
+        if nproc > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+                         "--master_port", str(_free_port())]
+        cmd = [*launcher, str(Path(__file__).resolve()), *argv,
                "--worker", f"{kind}:{variant}", "--worker-out", str(result_path)]
         t0 = time.perf_counter()
         with open(log_path, "wb") as log:
@@ -168,7 +197,7 @@ def run_isolated(kind: str, variant: str, argv: list[str], timeout_s: float) -> 
                 raise
         seconds = time.perf_counter() - t0
         tail = log_path.read_text(errors="replace")[-3000:]
-        if not timed_out and returncode == 0 and result_path.exists():
+        if not timed_out and result_path.exists():  # under torchrun a failed variant also exits non-zero
             out = json.loads(result_path.read_text())
             out["subprocess_s"] = seconds
             if "error" in out:
@@ -198,22 +227,32 @@ def _exit_on_sigterm(signum, frame):
 
 def run_worker(spec: str, result_path: str, args) -> int:
     """Worker mode: one measurement, its result written as JSON to ``result_path`` (exit code 0), or an
-    ``error`` entry with the traceback's last line (exit code 0 too: the failure is the variant's result)."""
+    ``error`` entry with the traceback's last line (exit code 0 too: the failure is the variant's result).
+
+    Under torchrun every process measures and process 0 writes the result; a failure in any process exits
+    non-zero, so that torchrun stops the others instead of leaving them waiting in a collective."""
     kind, _, variant = spec.partition(":")
     if kind not in ("throughput", "eval_smoke") or not variant:
         raise SystemExit(f"--worker must be throughput:VARIANT or eval_smoke:VARIANT, got {spec!r}")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    ctx = distributed.setup(args.device)
+    failed = False
     try:
-        r = throughput(variant, args) if kind == "throughput" else eval_smoke(variant, args)
+        r = throughput(variant, args, ctx) if kind == "throughput" else eval_smoke(variant, args)
     except Exception as err:  # noqa: BLE001 - the failure is this variant's result
         import traceback
 
         traceback.print_exc()
         r = {"variant": variant, "error": f"{type(err).__name__}: {str(err)[:2000]}"}
+        failed = True
     if torch.cuda.is_available():
         r["device_name"] = torch.cuda.get_device_name(0)
-    write_json(Path(result_path), r)
+    if ctx.is_main:
+        write_json(Path(result_path), r)
+    if ctx.enabled and failed:
+        return 1
+    distributed.teardown()
     return 0
 
 
@@ -239,6 +278,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=768)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="processes per throughput measurement, one per GPU (gloo processes with --device cpu), "
+                        "under torchrun with DistributedDataParallel; --batch is per process")
     p.add_argument("--variant-timeout-s", type=float, default=240.0,
                    help="time limit of one variant's subprocess (compilation included); on expiry it is killed "
                         "and recorded as a timeout")
@@ -252,6 +294,8 @@ def main(argv=None) -> int:
         if not args.worker_out:
             raise SystemExit("--worker needs --worker-out")
         return run_worker(args.worker, args.worker_out, args)
+    if args.gpus < 1 or (args.gpus > 1 and args.in_process):
+        p.error("--gpus must be >= 1, and --in-process runs one process only")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # e.g. `timeout`: stop the running worker too
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_throughput: needs a CUDA device (or --device cpu for a dry run)", file=sys.stderr)
@@ -262,7 +306,9 @@ def main(argv=None) -> int:
     report = {
         "command": "python3 benchmarks/bench_throughput.py " + " ".join(argv),
         "setup": {"model": f"{args.layers} layers, width {args.width}, {args.width // 64} heads, vocab 50304",
-                  "batch": args.batch,
+                  "batch": args.batch, "processes": args.gpus,
+                  "parallelism": "DistributedDataParallel, one process per GPU, batch per process"
+                                 if args.gpus > 1 else "one process",
                   "block": args.block, "dtype": "bf16 autocast", "optimizer": "fused AdamW",
                   "compile": args.compile, "steps": args.steps, "warmup": args.warmup,
                   "isolation": "in-process" if args.in_process else
@@ -289,13 +335,14 @@ def main(argv=None) -> int:
             continue
         if args.in_process:
             try:
-                r = throughput(v, args) if kind == "throughput" else eval_smoke(v, args)
+                r = throughput(v, args, distributed.DistContext(device=torch.device(args.device))) \
+                    if kind == "throughput" else eval_smoke(v, args)
             except Exception as err:  # noqa: BLE001 - record the failure and go on with the other variants
                 r = {"variant": v, "error": f"{type(err).__name__}: {str(err)[:500]}"}
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
         else:
-            r = run_isolated(kind, v, argv, args.variant_timeout_s)
+            r = run_isolated(kind, v, argv, args.variant_timeout_s, args.gpus if kind == "throughput" else 1)
             if report["env"]["gpu"] is None and r.get("device_name"):
                 report["env"]["gpu"] = r["device_name"]
         report[kind][v] = r

@@ -55,3 +55,24 @@ def test_sigterm_to_the_benchmark_kills_its_running_worker(tmp_path):
             parent.kill()
         for pid in _workers(str(out)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_data_parallel_run_records_all_processes_and_a_failure_does_not_hang(tmp_path):
+    """``--gpus 2`` on the CPU: 2 gloo processes under torchrun with DistributedDataParallel. Tokens of both
+    processes are counted, and a variant that fails in every process is recorded as an error (torchrun stops)."""
+    import json
+
+    out = tmp_path / "throughput.json"
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--variants", "nope,no_such_variant", "--compile", "none",
+           "--layers", "1", "--width", "64", "--batch", "2", "--block", "8", "--steps", "2", "--warmup", "1",
+           "--gpus", "2", "--variant-timeout-s", "240", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["setup"]["processes"] == 2
+    good = report["throughput"]["nope"]
+    assert "error" not in good, good.get("output_tail")
+    assert good["processes"] == 2 and good["loss_finite"]
+    assert good["tokens_per_s"] == pytest.approx(2 * 2 * 8 / (good["ms_per_step"] / 1000), rel=1e-6)  # processes x batch x block
+    bad = report["throughput"]["no_such_variant"]
+    assert "no_such_variant" in bad["error"] and not bad.get("timed_out")
