@@ -261,30 +261,33 @@ def _ut_fwd_kernel(
 
 
 @triton.jit
-def _end_gradients(w, u, x, dk_end, dm, HALF: tl.constexpr):
-    """The paths through k̃ = K − Xᵀ W and M = Wᵀ U: (dU, dX, dK, dW) so far."""
-    w_h, w_s = _operand(w, HALF, True)
+def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm, HALF: tl.constexpr):
+    """The paths through k̃ = K − Xᵀ W and M = Wᵀ U, from operands (``_operand``) of w, U and X: (dU, dX, dK,
+    dW) so far."""
     dm_h, dm_s = _operand(dm, HALF)
     dke_h, dke_s = _operand(dk_end, HALF)
-    du = _dot(w_h, w_s, dm_h, dm_s, HALF)  # M = Wᵀ U
-    dw = _dot(*_operand(u, HALF), tl.trans(dm_h), dm_s, HALF)
-    dx = -_dot(w_h, w_s, tl.trans(dke_h), dke_s, HALF)  # k̃ = K − Xᵀ W
-    dw -= _dot(*_operand(x, HALF), dke_h, dke_s, HALF)
+    du = _dot(w_h, 1.0, dm_h, dm_s, HALF)  # M = Wᵀ U
+    dw = _dot(u_h, u_s, tl.trans(dm_h), dm_s, HALF)
+    dx = -_dot(w_h, 1.0, tl.trans(dke_h), dke_s, HALF)  # k̃ = K − Xᵀ W
+    dw -= _dot(x_h, x_s, dke_h, dke_s, HALF)
     return du, dx, dk_end, dw
 
 
 @triton.jit
 def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
                          sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
-    """The program's chunk (as ``_this_chunk``), U, X, the offsets of its ``[BT, D]`` rows and
-    :func:`_end_gradients` from its dk̃ and dM."""
+    """The program's chunk (as ``_this_chunk``), U and X, the operands of w, U, X and K (``_operand``; w's scale
+    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u_h, u_s = _operand(u, HALF)
+    x_h, x_s = _operand(x, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
-    du, dx, dk, dw = _end_gradients(w, u, x, tl.load(DKS + chunk), dm, HALF)
-    return n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw
+    du, dx, dk, dw = _end_gradients(w_h, u_h, u_s, x_h, x_s, tl.load(DKS + chunk), dm, HALF)
+    return (n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk,
+            du, dx, dk, dw)
 
 
 @triton.jit
@@ -296,8 +299,9 @@ def _ut_bwd_end_kernel(
     """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
     ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
     holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
-    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
+    n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -308,25 +312,27 @@ def _ut_bwd_end_kernel(
 
 
 @triton.jit
-def _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF: tl.constexpr):
-    """One query head's dQ (final) and dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ)."""
-    ds_h, ds_s = _operand(ds, HALF)
-    dqw = -(_mm(dq_start, tl.trans(u), HALF)
-            + _dot(ds_h, ds_s, *_operand(tl.trans(x), HALF), HALF))
+def _query_head_dq(dq_start, dqs_h, dqs_s, ds_h, ds_s, u_h, u_s, x_h, x_s, k_h, k_s, w_h, lower,
+                   HALF: tl.constexpr):
+    """One query head's dQ (final) and dQ_W = tril(−dq̃ Uᵀ − dS_d Xᵀ), this also as an operand (``_operand``),
+    from dq̃ and the operands of dq̃, dS_d, U, X, K and w (the scale of w's is 1)."""
+    dqw = -(_dot(dqs_h, dqs_s, tl.trans(u_h), u_s, HALF) + _dot(ds_h, ds_s, tl.trans(x_h), x_s, HALF))
     dqw = tl.where(lower, dqw, 0.0)
-    dq = dq_start + _dot(ds_h, ds_s, *_operand(k, HALF), HALF) + _mm(dqw, w, HALF, B_UNIT=True)
-    return dq, dqw
+    dqw_h, dqw_s = _operand(dqw, HALF)
+    dq = dq_start + _dot(ds_h, ds_s, k_h, k_s, HALF) + _dot(dqw_h, dqw_s, w_h, 1.0, HALF)
+    return dq, dqw, dqw_h, dqw_s
 
 
 @triton.jit
-def _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF: tl.constexpr):
-    """One query head's terms of dU, dX, dK and dW (the sums over the group)."""
+def _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, dx, dk, dw, HALF: tl.constexpr):
+    """One query head's terms of dU, dX, dK and dW (the sums over the group), from q and the operands of w,
+    dq̃, dS_d and dQ_W."""
     q_h, q_s = _operand(q, HALF)
-    qw_h, qw_s = _operand(tl.where(lower, _dot(q_h, q_s, *_operand(tl.trans(w), HALF, True), HALF), 0.0), HALF)
-    du -= _dot(tl.trans(qw_h), qw_s, *_operand(dq_start, HALF), HALF)
-    dx -= _dot(tl.trans(qw_h), qw_s, *_operand(ds, HALF), HALF)
-    dk += _dot(*_operand(tl.trans(ds), HALF), q_h, q_s, HALF)
-    dw += _dot(*_operand(tl.trans(dqw), HALF), q_h, q_s, HALF)
+    qw_h, qw_s = _operand(tl.where(lower, _dot(q_h, q_s, tl.trans(w_h), 1.0, HALF), 0.0), HALF)
+    du -= _dot(tl.trans(qw_h), qw_s, dqs_h, dqs_s, HALF)
+    dx -= _dot(tl.trans(qw_h), qw_s, ds_h, ds_s, HALF)
+    dk += _dot(tl.trans(ds_h), ds_s, q_h, q_s, HALF)
+    dw += _dot(tl.trans(dqw_h), dqw_s, q_h, q_s, HALF)
     return du, dx, dk, dw
 
 
@@ -338,19 +344,23 @@ def _ut_bwd_heads_kernel(
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
     (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
-    n, hk, rows, dcol, tok, valid, w, k, u, x, chunk, du, dx, dk, dw = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
+    n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
         h = hk * GROUP + gi
         qrow = (h * NC + n) * BT + rows[:, None]
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
-        ds = tl.load(DSD + qrow * BT + rows[None, :])
-        dq, dqw = _query_head_dq(dq_start, ds, u, x, k, w, lower, HALF)
+        dqs_h, dqs_s = _operand(dq_start, HALF)
+        ds_h, ds_s = _operand(tl.load(DSD + qrow * BT + rows[None, :]), HALF)
+        dq, dqw, dqw_h, dqw_s = _query_head_dq(dq_start, dqs_h, dqs_s, ds_h, ds_s, u_h, u_s, x_h, x_s, k_h, k_s,
+                                               w_h, lower, HALF)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
-        du, dx, dk, dw = _query_head_sums(q, w, dq_start, ds, dqw, lower, du, dx, dk, dw, HALF)
+        du, dx, dk, dw = _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, dx, dk, dw,
+                                          HALF)
     tl.store(DU + chunk, du)
     tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
     tl.store(DKP + chunk, dk)
@@ -388,9 +398,13 @@ def _ut_bwd_dq_kernel(
     ``_ut_bwd_end_kernel``), and dQ_W into ``DQW [H, NC, BT, BT]`` for ``_ut_bwd_sums_kernel``."""
     n, h, hk, rows, dcol, tok, valid, w, kv_chunk, head_chunk, kv_square, head_square = _query_head_chunk(
         W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, GROUP, BT, D)
-    k = _load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol)
-    dq, dqw = _query_head_dq(tl.load(DQS + head_chunk), tl.load(DSD + head_square), tl.load(US + kv_chunk),
-                             tl.load(XS + kv_square), k, w, rows[:, None] >= rows[None, :], HALF)
+    w_h, _ = _operand(w, HALF, True)
+    dq_start = tl.load(DQS + head_chunk)
+    dq, dqw, dqw_h, dqw_s = _query_head_dq(
+        dq_start, *_operand(dq_start, HALF), *_operand(tl.load(DSD + head_square), HALF),
+        *_operand(tl.load(US + kv_chunk), HALF), *_operand(tl.load(XS + kv_square), HALF),
+        *_operand(_load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol), HALF), w_h,
+        rows[:, None] >= rows[None, :], HALF)
     tl.store(DQ + (tok[:, None] * tl.num_programs(1) + h) * D + dcol[None, :], dq, mask=valid[:, None])
     tl.store(DQW + head_square, dqw)
 
@@ -408,8 +422,10 @@ def _ut_bwd_sums_kernel(
         W, BETA, TOK, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, GROUP, BT, D)
     q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
     zero_d = tl.zeros((BT, D), tl.float32)
-    du, dx, dk, dw = _query_head_sums(q, w, tl.load(DQS + head_chunk), tl.load(DSD + head_square),
-                                      tl.load(DQW + head_square), rows[:, None] >= rows[None, :],
+    w_h, _ = _operand(w, HALF, True)
+    du, dx, dk, dw = _query_head_sums(q, w_h, *_operand(tl.load(DQS + head_chunk), HALF),
+                                      *_operand(tl.load(DSD + head_square), HALF),
+                                      *_operand(tl.load(DQW + head_square), HALF), rows[:, None] >= rows[None, :],
                                       zero_d, tl.zeros((BT, BT), tl.float32), zero_d, zero_d, HALF)
     tl.atomic_add(DU + kv_chunk, du, sem="relaxed")
     tl.atomic_add(DX + kv_square, dx, sem="relaxed")
