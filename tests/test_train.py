@@ -132,22 +132,28 @@ def _torchrun(*args):
     return proc
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_match_one_process(corpus, tmp_path, strategy):
-    cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2, distributed=strategy)
+def train_one_and_two_processes(cfg, tmp_path):
+    """Train ``cfg`` in this process, then with the command a user runs under ``torchrun`` with 2 processes;
+    returns both run directories."""
     single = train(cfg, run_dir=tmp_path / "single", progress=False)
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    # The same command a user runs, under torchrun.
-    _torchrun("-m", "pathlab.cli", "train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "ddp"),
+    _torchrun("-m", "pathlab.cli", "train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "two"),
               "--no-progress")
+    return single, tmp_path / "two"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one_process(corpus, tmp_path, strategy):
+    cfg = tiny_config(corpus, max_iters=3, eval_interval=0, ckpt_interval=0, grad_accum=2, distributed=strategy)
+    single, two = train_one_and_two_processes(cfg, tmp_path)
     a, va = _losses(single)
-    b, vb = _losses(tmp_path / "ddp")
+    b, vb = _losses(two)
     assert len(b) == 3
     np.testing.assert_allclose(b, a, rtol=1e-5)
     np.testing.assert_allclose(vb, va, rtol=1e-5)
     ma, _ = load_run(single)
-    mb, _ = load_run(tmp_path / "ddp")
+    mb, _ = load_run(two)
     for pa, pb in zip(ma.parameters(), mb.parameters()):
         torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-6)
 

@@ -6,13 +6,13 @@ the Triton kernel. Losses, gradient norms and validation losses must agree: Adam
 of the gradient, so the logged gradient norm is what shows a wrong average over processes.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
-import yaml
 
-from test_train import _losses, _torchrun, corpus, tiny_config  # noqa: F401  (corpus: module-scoped fixture)
-from pathlab.train import train
+from test_train import _losses, corpus, tiny_config, train_one_and_two_processes  # noqa: F401  (corpus: fixture)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,8 +21,6 @@ pytestmark = [
 
 
 def _grad_norms(run_dir):
-    import json
-
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["grad_norm"] for r in rows if "grad_norm" in r]
 
@@ -37,14 +35,10 @@ def test_two_gpus_match_one_gpu(corpus, tmp_path, strategy, dtype, compile_, rto
                       device="cuda", dtype=dtype, compile=compile_)
     cfg["model"] = {"n_layer": 2, "n_head": 2, "n_embd": 64, "attention": "path"}
     cfg["data"]["block_size"] = 128
-    single = train(cfg, run_dir=tmp_path / "single", progress=False)
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    _torchrun("-m", "pathlab.cli", "train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "two"),
-              "--no-progress")
+    single, two = train_one_and_two_processes(cfg, tmp_path)
     a, va = _losses(single)
-    b, vb = _losses(tmp_path / "two")
+    b, vb = _losses(two)
     assert len(b) == 4 and np.isfinite(b).all()
     np.testing.assert_allclose(b, a, rtol=rtol)
     np.testing.assert_allclose(vb, va, rtol=rtol)
-    np.testing.assert_allclose(_grad_norms(tmp_path / "two"), _grad_norms(single), rtol=10 * rtol)
+    np.testing.assert_allclose(_grad_norms(two), _grad_norms(single), rtol=10 * rtol)
