@@ -98,10 +98,9 @@ def cases(dims, GROUP=1):
             tag = " half" if half else ""
             yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),
                    _triton_ut.num_warps(D), False)
-            # the backward in one kernel, two (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
-            for fused in (False, True):  # heads then chunk, or the two as one kernel
-                yield (f"ut_bwd_heads_kernel D{D}{' fused' if fused else ''}{tag}", _triton_ut._ut_bwd_heads_kernel,
-                       dict(GROUP=GROUP, BT=64, D=D, HALF=half, FUSED=fused), _triton_ut.num_warps(D), False)
+            # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
+            yield (f"ut_bwd_heads_kernel D{D}{tag}", _triton_ut._ut_bwd_heads_kernel,
+                   dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
             for split in (False, True):
                 yield (f"ut_bwd_chunk_kernel D{D} split={split}{tag}", _triton_ut._ut_bwd_chunk_kernel,
                        dict(BT=64, D=D, SPLIT=split, HALF=half), _triton_ut.num_warps(D), False)

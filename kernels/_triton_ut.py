@@ -24,11 +24,10 @@ forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_
     dN = strictLower(−Aᵀ dA Aᵀ),   dβ_i += Σ_j dN_ij (W Wᵀ)_ij,   dG = D_β dN
     dW = U dMᵀ − X dk̃ + Σ_g dQ_Wᵀ Q + (A D_β)ᵀ dU + dWK K + (dG + dGᵀ) W
 
-The backward runs as one kernel per (chunk, kv head) (``fused_backward``): the per-head products, then the
-paths through A D_β, the inverse and the normalisation, with grouped query heads summed inside the program
-without atomics; or as two kernels, the same two halves passing dU, dX and the partial dk, dw through fp32
-scratch; at D = 128, where those need more shared memory than an H200 has, as five (``split_backward``), where
-dq and the group's sums run one program per query head and the sums meet in fp32 atomics.
+The backward runs as two kernels (per (chunk, kv head): the per-head products, then the paths through A D_β,
+the inverse and the normalisation), where grouped query heads are summed inside the program without atomics;
+at D = 128, where those two need more shared memory than an H200 has, as five (``split_backward``), where dq
+and the group's sums run one program per query head and the sums meet in fp32 atomics.
 """
 
 from __future__ import annotations
@@ -225,17 +224,16 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
 
 @triton.jit
 def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
-    """U = A D_β W and X = A D_β strictLower(W Kᵀ), and as operands (``_operand``) w (w_h, whose scale is 1),
-    k, A D_β and strictLower(W Kᵀ)."""
+    """U = A D_β W and X = A D_β strictLower(W Kᵀ), and w and k as operands (``_operand``: w_h, whose scale is 1,
+    and k_h, k_s)."""
     ad = a * b[None, :]
     ad_h, ad_s = _operand(ad, HALF)
     w_h, w_s = _operand(w, HALF, True)
     k_h, k_s = _operand(k, HALF)
     u = _dot(ad_h, ad_s, w_h, w_s, HALF)
-    wk_h, wk_s = _operand(tl.where(rows[:, None] > rows[None, :], _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0),
-                          HALF)
-    x = _dot(ad_h, ad_s, wk_h, wk_s, HALF)
-    return u, x, w_h, k_h, k_s, ad_h, ad_s, wk_h, wk_s
+    wk = tl.where(rows[:, None] > rows[None, :], _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
+    x = _dot(ad_h, ad_s, *_operand(wk, HALF), HALF)
+    return u, x, w_h, k_h, k_s
 
 
 @triton.jit
@@ -246,7 +244,7 @@ def _ut_fwd_kernel(
 ):
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    u, x, w_h, k_h, k_s, _, _, _, _ = _chunk_factors(a, w, k, b, rows, HALF)
+    u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     u_h, u_s = _operand(u, HALF)
     x_h, x_s = _operand(x, HALF)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
@@ -281,19 +279,18 @@ def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm, HALF: tl.constexpr):
 @triton.jit
 def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
                          sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
-    """The program's chunk (as ``_this_chunk``), U and X, the operands of w, U, X, K, A D_β and strictLower(W Kᵀ)
-    (``_operand``; w's scale is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃
-    and dM."""
+    """The program's chunk (as ``_this_chunk``), U and X, the operands of w, U, X and K (``_operand``; w's scale
+    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    u, x, w_h, k_h, k_s, ad_h, ad_s, wk_h, wk_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     u_h, u_s = _operand(u, HALF)
     x_h, x_s = _operand(x, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du, dx, dk, dw = _end_gradients(w_h, u_h, u_s, x_h, x_s, tl.load(DKS + chunk), dm, HALF)
     return (n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk,
-            du, dx, dk, dw, w, norm, b, a, ad_h, ad_s, wk_h, wk_s)
+            du, dx, dk, dw)
 
 
 @triton.jit
@@ -305,9 +302,9 @@ def _ut_bwd_end_kernel(
     """Backward, split form (large D), first part: :func:`_end_gradients` into the fp32 scratch that
     ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
     holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
-    (n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw,
-     _w, _norm, _b, _a, _ad_h, _ad_s, _wk_h, _wk_s) = _chunk_end_gradients(
-        W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
+    n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -344,17 +341,14 @@ def _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, 
 
 @triton.jit
 def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, DK, DW, DBETA, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, FUSED: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``. With ``FUSED``
-    the whole backward: the program goes on with what ``_ut_bwd_chunk_kernel`` does, from its own tiles (no
-    scratch, and the chunk's inputs, A D_β and strictLower(W Kᵀ) not loaded or made operands again), and
-    writes dk, dw and dβ; DU, DX, DKP and DWP are not used."""
-    (n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw,
-     w, norm, b, a, ad_h, ad_s, wk_h, wk_s) = _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
+    n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
                              sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
@@ -370,16 +364,10 @@ def _ut_bwd_heads_kernel(
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
         du, dx, dk, dw = _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, dx, dk, dw,
                                           HALF)
-    if FUSED:  # (A D_β)ᵀ and strictLower(W Kᵀ)ᵀ as operands: the transposed tiles keep their scales
-        dad, dk, dw = _chunk_gradients(w_h, k_h, k_s, tl.trans(ad_h), ad_s, tl.trans(wk_h), wk_s, du, dx, dk, dw,
-                                       rows, HALF)
-        tl.store(DK + (tok[:, None] * tl.num_programs(1) + hk) * D + dcol[None, :], dk, mask=valid[:, None])
-        _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
-    else:
-        tl.store(DU + chunk, du)
-        tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
-        tl.store(DKP + chunk, dk)
-        tl.store(DWP + chunk, dw)
+    tl.store(DU + chunk, du)
+    tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
+    tl.store(DKP + chunk, dk)
+    tl.store(DWP + chunk, dw)
 
 
 @triton.jit
@@ -449,20 +437,6 @@ def _ut_bwd_sums_kernel(
 
 
 @triton.jit
-def _chunk_gradients(w_h, k_h, k_s, adt_h, adt_s, wkt_h, wkt_s, du, dx, dk, dw, rows, HALF: tl.constexpr):
-    """The paths through U = A D_β W and X = A D_β strictLower(W Kᵀ), from the operands of w, k, (A D_β)ᵀ and
-    strictLower(W Kᵀ)ᵀ (``_operand``; w's scale is 1) and dU, dX, dk and dw so far: (d(A D_β), dk, dw)."""
-    du_h, du_s = _operand(du, HALF)
-    dx_h, dx_s = _operand(dx, HALF)
-    dad = _dot(du_h, du_s, tl.trans(w_h), 1.0, HALF) + _dot(dx_h, dx_s, wkt_h, wkt_s, HALF)
-    dw += _dot(adt_h, adt_s, du_h, du_s, HALF)
-    dwk_h, dwk_s = _operand(tl.where(rows[:, None] > rows[None, :], _dot(adt_h, adt_s, dx_h, dx_s, HALF), 0.0), HALF)
-    dw += _dot(dwk_h, dwk_s, k_h, k_s, HALF)
-    dk += _dot(tl.trans(dwk_h), dwk_s, w_h, 1.0, HALF)
-    return dad, dk, dw
-
-
-@triton.jit
 def _ut_bwd_chunk_kernel(
     K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, DAD, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
@@ -474,14 +448,23 @@ def _ut_bwd_chunk_kernel(
     ``_ut_bwd_inverse_kernel``."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-    w_h, _ = _operand(w, HALF, True)
+    strict = rows[:, None] > rows[None, :]
+    w_h, w_s = _operand(w, HALF, True)
     k_h, k_s = _operand(k, HALF)
     adt_h, adt_s = _operand(tl.trans(a * b[None, :]), HALF)  # (A D_β)ᵀ
-    wk = tl.where(rows[:, None] > rows[None, :], _dot(w_h, 1.0, tl.trans(k_h), k_s, HALF), 0.0)
+    wk = tl.where(strict, _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    dad, dk, dw = _chunk_gradients(w_h, k_h, k_s, adt_h, adt_s, *_operand(tl.trans(wk), HALF), tl.load(DU + chunk),
-                                   tl.load(DX + square), tl.load(DKP + chunk), tl.load(DWP + chunk), rows, HALF)
+    du_h, du_s = _operand(tl.load(DU + chunk), HALF)
+    dx_h, dx_s = _operand(tl.load(DX + square), HALF)
+    dk = tl.load(DKP + chunk)
+    dw = tl.load(DWP + chunk)
+    # U = A D_β W and X = A D_β strictLower(W Kᵀ)
+    dad = _dot(du_h, du_s, tl.trans(w_h), w_s, HALF) + _dot(dx_h, dx_s, *_operand(tl.trans(wk), HALF), HALF)
+    dw += _dot(adt_h, adt_s, du_h, du_s, HALF)
+    dwk_h, dwk_s = _operand(tl.where(strict, _dot(adt_h, adt_s, dx_h, dx_s, HALF), 0.0), HALF)
+    dw += _dot(dwk_h, dwk_s, k_h, k_s, HALF)
+    dk += _dot(tl.trans(dwk_h), dwk_s, w_h, w_s, HALF)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     if SPLIT:
@@ -592,16 +575,6 @@ def split_backward(D):
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
-def fused_backward() -> bool:
-    """Whether the unsplit UT backward runs as one kernel (``_ut_bwd_heads_kernel`` with ``FUSED``) instead of
-    two, heads then chunk (``PATHLAB_PATH_UT_FUSED``: auto, 0, 1; auto fuses wherever the backward is not
-    split). One kernel keeps dU, dX and the partial dk and dw in registers instead of passing them through
-    fp32 scratch (four ``[BT, ·]`` tiles per chunk, written and read back), and does not load the chunk's
-    inputs and A again or remake k, (A D_β)ᵀ and strictLower(W Kᵀ)ᵀ as operands; the results are the same bit
-    for bit."""
-    return switch("PATHLAB_PATH_UT_FUSED", True)
-
-
 def _inverse(w, beta, tokens, T, BT, out=None):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of every (kv head, chunk): ``[Hkv, NC, BT, BT]`` fp32 (w already unit-last),
     into ``out`` if given (the kernel writes every element)."""
@@ -669,7 +642,7 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     :func:`ut_forward` of the same inputs, or None to compute it here.
 
     ``consume=True`` hands the gradients over (the caller keeps no other reference): the list is emptied, dk̃'s
-    buffer takes the partial dk in place where the backward runs in more than one kernel (each program reads its rows before writing them), and dM is freed once
+    buffer takes the partial dk in place (each program reads its rows before writing them), and dM is freed once
     read (dk̃ and dM are 768 MiB of fp32 at T = 16384, 16×128)."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
@@ -679,16 +652,12 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     dqs, dks, dm, dsd = (t.contiguous() for t in grads)
     if consume:
         grads.clear()
+    out = dict(dtype=torch.float32, device=q.device)
+    dk_part = dks if consume else torch.empty((Hkv, NC, BT, D), **out)
+    du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
+    dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
     split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
-    fused = not split and fused_backward()
-    out = dict(dtype=torch.float32, device=q.device)
-    if fused:  # no scratch: the kernel's arguments DU, DX, DKP, DWP are not read
-        du = dx = dk_part = dw_part = torch.empty(0, **out)
-    else:
-        dk_part = dks if consume else torch.empty((Hkv, NC, BT, D), **out)
-        du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
-        dx = torch.empty((Hkv, NC, BT, BT), **out)
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
@@ -709,11 +678,9 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
         else:
             xs = dx  # not read
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
-                    dk_part, dw_part, dk, dw, dbeta, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half,
-                    FUSED=fused)
-        if not fused:
-            _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
-                    xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split, HALF=half)
+                    dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
+        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
+                xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split, HALF=half)
         if split:
             _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
                     *strides[6:], BT=BT, D=D, HALF=half)

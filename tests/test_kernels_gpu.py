@@ -144,16 +144,14 @@ def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
         assert torch.isfinite(t.grad).all(), f"d{name} has NaN/inf"
 
 
-@pytest.mark.parametrize("one_kernel", ["0", "1"], ids=["two-kernels", "one-kernel"])
-def test_unsplit_ut_backward_at_head_dim_128_says_it_does_not_fit(one_kernel, monkeypatch):
-    """Forced back to one or two kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``, ``PATHLAB_PATH_UT_FUSED``) with
-    tf32 products (``PATHLAB_PATH_UT_HALF=0``; fp16 operands take half the shared memory, and fit), the fused UT
-    backward needs more shared memory than an H200 has: a clear error naming the way out, not a raw Triton
-    exception. (If a GPU ever fits it, this test fails and the split default can be revisited.)"""
+def test_two_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit(monkeypatch):
+    """Forced back to two kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``) with tf32 products
+    (``PATHLAB_PATH_UT_HALF=0``; fp16 operands take half the shared memory, and fit), the fused UT backward needs
+    more shared memory than an H200 has: a clear error naming the way out, not a raw Triton exception. (If a GPU
+    ever fits it, this test fails and the split default can be revisited.)"""
     from pathlab.kernels import path_attention_triton
 
     monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "0")
-    monkeypatch.setenv("PATHLAB_PATH_UT_FUSED", one_kernel)
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "0")
     q, k, v, w, beta = (t.requires_grad_() for t in inputs(1, 256, 2, 2, 128, gate=False)[:5])
     o = path_attention_triton(q, k, v, w, beta, ut="triton")

@@ -79,13 +79,8 @@ CASES = [
 ]
 
 
-# PATHLAB_PATH_UT_SPLIT and PATHLAB_PATH_UT_FUSED of each form of the backward, and the kernels of
-# SPIED_KERNELS that it launches
-BACKWARD_FORMS = {"one-kernel-backward": ("0", "1"), "two-kernel-backward": ("0", "0"), "split-backward": ("1", "1")}
-LAUNCHED = {"one-kernel-backward": ["_ut_bwd_heads_kernel"],
-            "two-kernel-backward": ["_ut_bwd_heads_kernel", "_ut_bwd_chunk_kernel"],
-            "split-backward": ["_ut_bwd_end_kernel", "_ut_bwd_chunk_kernel"]}
-SPIED_KERNELS = ("_ut_bwd_heads_kernel", "_ut_bwd_end_kernel", "_ut_bwd_chunk_kernel")
+BACKWARD_FORMS = {"two-kernel-backward": "0", "split-backward": "1"}  # PATHLAB_PATH_UT_SPLIT
+FIRST_KERNEL = {"two-kernel-backward": "_ut_bwd_heads_kernel", "split-backward": "_ut_bwd_end_kernel"}
 
 
 class _Spy:
@@ -100,14 +95,12 @@ class _Spy:
 
 
 def use_backward_form(form, monkeypatch):
-    """Select ``form`` through the environment; returns the list of the ``SPIED_KERNELS`` launched."""
+    """Select ``form`` through the environment; returns the list of first backward kernels launched."""
     from pathlab.kernels import _triton_ut as fused
 
-    split, one_kernel = BACKWARD_FORMS[form]
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
-    monkeypatch.setenv("PATHLAB_PATH_UT_FUSED", one_kernel)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", BACKWARD_FORMS[form])
     log = []
-    for name in SPIED_KERNELS:
+    for name in FIRST_KERNEL.values():
         monkeypatch.setattr(fused, name, _Spy(getattr(fused, name), name, log))
     return log
 
@@ -115,12 +108,12 @@ def use_backward_form(form, monkeypatch):
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", CASES)
 def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, form, monkeypatch):
-    """Every form of the backward: one kernel (the default at D ≤ 64), two (heads, then chunk) and split in five
-    (the default at D = 128, where the others do not fit an H200's shared memory with tf32 products)."""
+    """Both forms of the backward: two kernels (the default at D ≤ 64) and split in five (the default at D = 128,
+    where the two do not fit an H200's shared memory with tf32 products)."""
     launched = use_backward_form(form, monkeypatch)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare(inputs, build_layout(B, T, BT, "cpu"))
-    assert launched == LAUNCHED[form]
+    assert launched == [FIRST_KERNEL[form]]
 
 
 HALF_CASES = [CASES[1], CASES[2], CASES[6]]  # grouped heads at D = 32, D = 64 with BT = 32, β near 2
@@ -140,39 +133,7 @@ def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, 
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
     q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale)
-    assert launched == LAUNCHED[form]
-
-
-@pytest.mark.parametrize("dtype, half", [(torch.float16, "1"), (torch.float32, "0")], ids=["fp16-half", "fp32"])
-def test_one_kernel_backward_equals_two_kernels_bit_for_bit(dtype, half, monkeypatch):
-    """The one-kernel backward keeps in registers what the two kernels pass through fp32 scratch, and reuses
-    operands that the second kernel makes again from the same values: the gradients must be identical."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", half)
-    B, T, H, Hkv, D, BT = 2, 43, 4, 2, 32, 16
-    inputs = token_inputs(B, T, H, Hkv, D, (0.0, 2.0), seed=11, dtype=dtype)
-    layout = build_layout(B, T, BT, "cpu")
-    grads = {}
-    for form in ("one-kernel-backward", "two-kernel-backward"):
-        launched = use_backward_form(form, monkeypatch)
-        leaves = [x.detach().requires_grad_() for x in inputs]
-        out = ut_factors_triton(*leaves, layout)
-        gen = torch.Generator().manual_seed(0)
-        grads[form] = torch.autograd.grad(out, leaves, [torch.randn(t.shape, generator=gen) for t in out])
-        assert launched == LAUNCHED[form]
-    for name, a, b in zip(NAMES[4:], *grads.values()):
-        assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs between the two forms"
-
-
-def test_one_kernel_backward_setting(monkeypatch):
-    from pathlab.kernels._triton_ut import fused_backward
-
-    monkeypatch.delenv("PATHLAB_PATH_UT_FUSED", raising=False)
-    assert fused_backward()
-    monkeypatch.setenv("PATHLAB_PATH_UT_FUSED", "0")
-    assert not fused_backward()
-    monkeypatch.setenv("PATHLAB_PATH_UT_FUSED", "two")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_FUSED must be one of"):
-        fused_backward()
+    assert launched == [FIRST_KERNEL[form]]
 
 
 def test_half_operands_setting(monkeypatch):
@@ -223,7 +184,7 @@ def test_packed_sequences(form, monkeypatch):
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = token_inputs(1, sum(lengths), 4, 2, 16, (0.0, 2.0), seed=5)
     compare(inputs, build_layout(1, sum(lengths), 16, "cpu", cu))
-    assert launched == LAUNCHED[form]
+    assert launched == [FIRST_KERNEL[form]]
 
 
 def test_strided_and_half_inputs():
@@ -504,14 +465,14 @@ def test_lambda_precision_choice(monkeypatch):
         _lambda_precision()
 
 
-@pytest.mark.parametrize("form", list(BACKWARD_FORMS))
-def test_ut_backward_consuming_its_gradients_gives_the_same_result(form, monkeypatch):
+@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, monkeypatch):
     """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk,
     dM freed once read) empties the list it is handed and returns exactly what ``consume=False`` returns; the
     caller's copies are not touched by the non-consuming call."""
     from pathlab.kernels._triton_ut import ut_backward, ut_forward
 
-    use_backward_form(form, monkeypatch)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
     q, k, w, beta = token_inputs(1, 37, 4, 2, 16, (0.0, 2.0), seed=11)
     tokens = slot_tokens(build_layout(1, 37, 16, "cpu"), 1, 37)
     factors = ut_forward(q, k, w, beta, tokens, 16)[:4]
