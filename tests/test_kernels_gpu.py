@@ -66,6 +66,15 @@ def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
     _check_bf16_against_oracle(T, oracle, gate, f"ut={ut}")
 
 
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+@pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
+def test_bf16_small_head_dims(D, gate, ut, monkeypatch):
+    """Head dims 16 and 32 (a small model's, e.g. width 64 with 2 heads) compile to other tiles than 64 and 128."""
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
+    _check_bf16_against_oracle(300, "reference", gate, f"ut={ut} D={D}", D=D)
+
+
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
     """The backward's λ products on tf32 operands (the default is bf16 on a GPU)."""
