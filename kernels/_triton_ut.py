@@ -24,10 +24,11 @@ forward, and last through the normalisation, dw_raw = (dW − (dW·w) w) / ‖w_
     dN = strictLower(−Aᵀ dA Aᵀ),   dβ_i += Σ_j dN_ij (W Wᵀ)_ij,   dG = D_β dN
     dW = U dMᵀ − X dk̃ + Σ_g dQ_Wᵀ Q + (A D_β)ᵀ dU + dWK K + (dG + dGᵀ) W
 
-The backward runs as two kernels (per (chunk, kv head): the per-head products, then the paths through A D_β,
-the inverse and the normalisation), where grouped query heads are summed inside the program without atomics;
-at D = 128, where those two need more shared memory than an H200 has, as five (``split_backward``), where dq
-and the group's sums run one program per query head and the sums meet in fp32 atomics.
+The backward runs as three kernels per (chunk, kv head): the per-head products, where grouped query heads are
+summed inside the program without atomics; the paths through U and X; the paths through A D_β, the inverse and
+the normalisation. At D = 128, where the first needs more shared memory than an H200 has, it runs as five
+(``split_backward``): the first becomes three, where dq and the group's sums run one program per query head and
+the sums meet in fp32 atomics. Between kernels the gradients pass through fp32 scratch.
 """
 
 from __future__ import annotations
@@ -438,14 +439,15 @@ def _ut_bwd_sums_kernel(
 
 @triton.jit
 def _ut_bwd_chunk_kernel(
-    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DW, DBETA, DAD, NC, T, NTOK,
+    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DAD, DWO, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, HALF: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
-    """Backward, second half: from dU, dX and the partial dk, dw, the paths through U = A D_β W,
-    X = A D_β strictLower(W Kᵀ), the inverse and the normalisation; writes dk, dw and dβ in the token layout.
-    With ``SPLIT`` it stops after writing dk, with d(A D_β) in ``DAD`` and dw so far in ``DWP``, for
-    ``_ut_bwd_inverse_kernel``."""
+    """Backward, the paths through U = A D_β W and X = A D_β strictLower(W Kᵀ) from dU, dX and the partial dk,
+    dw: writes dk in the token layout, and d(A D_β) into ``DAD`` (which may be ``DX``: each program reads its dX
+    before writing) and dw so far into ``DWP``, for ``_ut_bwd_inverse_kernel``. The inverse's paths ran in this
+    kernel until the eleventh round; on an H200 the two kernels take 0.39 + 0.24 ms where the one took 0.83
+    (T = 512, 12×64; ``benchmarks/results/kernels-h200-ut-split-d64-*.json``)."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     strict = rows[:, None] > rows[None, :]
@@ -467,11 +469,8 @@ def _ut_bwd_chunk_kernel(
     dk += _dot(tl.trans(dwk_h), dwk_s, w_h, w_s, HALF)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
-    if SPLIT:
-        tl.store(DAD + square, dad)
-        tl.store(DWP + chunk, dw)
-    else:
-        _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
+    tl.store(DAD + square, dad)
+    tl.store(DWO + chunk, dw)
 
 
 @triton.jit
@@ -502,8 +501,8 @@ def _ut_bwd_inverse_kernel(
     W, BETA, TOK, AINV, DAD, DWP, DW, DBETA, NC, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
-    """Backward, split form, last part: ``_inverse_and_norm_gradients`` from the d(A D_β) and dw that
-    ``_ut_bwd_chunk_kernel`` (with ``SPLIT``) left in scratch."""
+    """Backward, last part: ``_inverse_and_norm_gradients`` from the d(A D_β) and dw that
+    ``_ut_bwd_chunk_kernel`` left in scratch."""
     n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
     w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
@@ -543,6 +542,8 @@ def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
 
+DEBUG = {}
+
 HALF_VALUES = ("auto", "0", "fwd", "1")
 
 
@@ -565,9 +566,9 @@ def half_operands(backward: bool, dtype: torch.dtype) -> bool:
 
 
 def split_backward(D):
-    """Whether the UT backward runs split in five kernels instead of two (``PATHLAB_PATH_UT_SPLIT``: auto, 0, 1).
+    """Whether the UT backward runs split in five kernels instead of three (``PATHLAB_PATH_UT_SPLIT``: auto, 0, 1).
 
-    ``auto`` splits at D > 64: at D = 128 the two-kernel form needs more shared memory than an H200 gives a
+    ``auto`` splits at D > 64: at D = 128 the three-kernel form needs more shared memory than an H200 gives a
     program (227 KiB): the heads kernel, which holds dM's D×D tile beside the query heads' tiles, took 400 KiB
     with Triton 3.6 and two query heads per kv head; split, the largest takes 224 KiB
     (``benchmarks/results/kernel-resources-sm90-triton36-ut-d128-group2.json``). dU, dX, dk, dw, U, X, each
@@ -676,14 +677,22 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
             _launch(_ut_bwd_sums_kernel, (NC, H), q, w, beta, tokens, dqs, dsd, dqw, du, dx, dk_part, dw_part,
                     T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         else:
-            xs = dx  # not read
+            xs = dx if os.environ.get("UT3_DAD", "alias") == "alias" else torch.empty_like(dx)
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
                     dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
-        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, dw, dbeta,
-                xs, NC, T, B * T, *strides[3:], BT=BT, D=D, SPLIT=split, HALF=half)
-        if split:
-            _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
-                    *strides[6:], BT=BT, D=D, HALF=half)
+        dwo = dw_part if os.environ.get("UT3_DW", "alias") == "alias" else torch.empty_like(dw_part)
+        if os.environ.get("UT3_DEBUG"):
+            DEBUG["dw_part_in"] = dw_part.clone()
+            DEBUG["dx_in"] = dx.clone()
+        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs, dwo,
+                NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
+        if os.environ.get("UT3_DEBUG"):
+            DEBUG["dad"] = xs.clone()
+            DEBUG["dw_mid"] = dwo.clone()
+            DEBUG["a"] = a.clone()
+        iw = os.environ.get("UT3_INV_WARPS")
+        _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dwo, dw, dbeta, NC, T, B * T,
+                *strides[6:], BT=BT, D=D, HALF=half, warps=int(iw) if iw else None)
     return dq, dk, dw, dbeta
 
 
