@@ -677,20 +677,20 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
             _launch(_ut_bwd_sums_kernel, (NC, H), q, w, beta, tokens, dqs, dsd, dqw, du, dx, dk_part, dw_part,
                     T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         else:
-            xs = dx if os.environ.get("UT3_DAD", "alias") == "alias" else torch.empty_like(dx)
+            xs = dx if os.environ.get("PATHLAB_UT3_DAD", "alias") == "alias" else torch.empty_like(dx)
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
                     dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
-        dwo = dw_part if os.environ.get("UT3_DW", "alias") == "alias" else torch.empty_like(dw_part)
-        if os.environ.get("UT3_DEBUG"):
+        dwo = dw_part if os.environ.get("PATHLAB_UT3_DW", "alias") == "alias" else torch.empty_like(dw_part)
+        if os.environ.get("PATHLAB_UT3_DEBUG"):
             DEBUG["dw_part_in"] = dw_part.clone()
             DEBUG["dx_in"] = dx.clone()
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs, dwo,
                 NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
-        if os.environ.get("UT3_DEBUG"):
+        if os.environ.get("PATHLAB_UT3_DEBUG"):
             DEBUG["dad"] = xs.clone()
             DEBUG["dw_mid"] = dwo.clone()
             DEBUG["a"] = a.clone()
-        iw = os.environ.get("UT3_INV_WARPS")
+        iw = os.environ.get("PATHLAB_UT3_INV_WARPS")
         _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dwo, dw, dbeta, NC, T, B * T,
                 *strides[6:], BT=BT, D=D, HALF=half, warps=int(iw) if iw else None)
     return dq, dk, dw, dbeta
