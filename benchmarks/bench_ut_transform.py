@@ -109,7 +109,7 @@ def print_resources():
     from pathlab.kernels import _triton_ut
 
     for kernel in (_triton_ut._ut_inverse_kernel, _triton_ut._ut_fwd_kernel, _triton_ut._ut_bwd_heads_kernel,
-                   _triton_ut._ut_bwd_chunk_kernel):
+                   _triton_ut._ut_bwd_chunk_kernel, _triton_ut._ut_bwd_inverse_kernel):
         for cache in getattr(kernel, "device_caches", {}).values():
             for compiled in cache[0].values():
                 try:

@@ -98,12 +98,12 @@ def cases(dims, GROUP=1):
             tag = " half" if half else ""
             yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),
                    _triton_ut.num_warps(D), False)
-            # the backward in two kernels (heads, chunk), or split in five (end, dq, sums, chunk, inverse; D = 128)
+            # the backward in three kernels (heads, chunk, inverse), or split in five (end, dq, sums, chunk,
+            # inverse; D = 128)
             yield (f"ut_bwd_heads_kernel D{D}{tag}", _triton_ut._ut_bwd_heads_kernel,
                    dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
-            for split in (False, True):
-                yield (f"ut_bwd_chunk_kernel D{D} split={split}{tag}", _triton_ut._ut_bwd_chunk_kernel,
-                       dict(BT=64, D=D, SPLIT=split, HALF=half), _triton_ut.num_warps(D), False)
+            yield (f"ut_bwd_chunk_kernel D{D}{tag}", _triton_ut._ut_bwd_chunk_kernel,
+                   dict(BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
             for name in ("_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):
                 kernel = getattr(_triton_ut, name)
                 group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}

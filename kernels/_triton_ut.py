@@ -439,14 +439,14 @@ def _ut_bwd_sums_kernel(
 
 @triton.jit
 def _ut_bwd_chunk_kernel(
-    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DAD, DWO, NC, T, NTOK,
+    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DAD, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
     """Backward, the paths through U = A D_β W and X = A D_β strictLower(W Kᵀ) from dU, dX and the partial dk,
     dw: writes dk in the token layout, and d(A D_β) into ``DAD`` (which may be ``DX``: each program reads its dX
     before writing) and dw so far into ``DWP``, for ``_ut_bwd_inverse_kernel``. The inverse's paths ran in this
-    kernel until the eleventh round; on an H200 the two kernels take 0.39 + 0.24 ms where the one took 0.83
+    kernel until the twelfth round; on an H200 the two kernels take 0.39 + 0.24 ms where the one took 0.83
     (T = 512, 12×64; ``benchmarks/results/kernels-h200-ut-split-d64-*.json``)."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
@@ -470,7 +470,7 @@ def _ut_bwd_chunk_kernel(
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
     tl.store(DAD + square, dad)
-    tl.store(DWO + chunk, dw)
+    tl.store(DWP + chunk, dw)
 
 
 @triton.jit
@@ -486,8 +486,11 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
     dn = -_dot(*_operand(_dot(at_h, at_s, *_operand(da, HALF), HALF), HALF), at_h, at_s, HALF)
     dn = tl.where(strict, dn, 0.0)
     db += tl.sum(dn * _mm(w, tl.trans(w), HALF, A_UNIT=True, B_UNIT=True), axis=1)
-    dgram = dn * b[:, None]
-    dw += _mm(dgram + tl.trans(dgram), w, HALF, B_UNIT=True)
+    # dw += (dG + dGᵀ) W as two products on one operand: the sum dG + dGᵀ as an operand miscompiles with
+    # Triton 3.6 at 4 warps and D ≤ 32 (NaN on an H200; benchmarks/results/ut-inverse-grads-steps-h200.json)
+    dg_h, dg_s = _operand(dn * b[:, None], HALF)
+    w_h, w_s = _operand(w, HALF, True)
+    dw += _dot(dg_h, dg_s, w_h, w_s, HALF) + _dot(tl.trans(dg_h), dg_s, w_h, w_s, HALF)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
@@ -541,8 +544,6 @@ def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
             f"the fused UT kernels do not fit this GPU for head dim {D}{group} and block size {BT} ({err}); "
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
-
-DEBUG = {}
 
 HALF_VALUES = ("auto", "0", "fwd", "1")
 
@@ -677,22 +678,13 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
             _launch(_ut_bwd_sums_kernel, (NC, H), q, w, beta, tokens, dqs, dsd, dqw, du, dx, dk_part, dw_part,
                     T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         else:
-            xs = dx if os.environ.get("PATHLAB_UT3_DAD", "alias") == "alias" else torch.empty_like(dx)
+            xs = dx  # takes d(A D_β): each program of the chunk kernel reads its dX before writing there
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
                     dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
-        dwo = dw_part if os.environ.get("PATHLAB_UT3_DW", "alias") == "alias" else torch.empty_like(dw_part)
-        if os.environ.get("PATHLAB_UT3_DEBUG"):
-            DEBUG["dw_part_in"] = dw_part.clone()
-            DEBUG["dx_in"] = dx.clone()
-        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs, dwo,
+        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs,
                 NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
-        if os.environ.get("PATHLAB_UT3_DEBUG"):
-            DEBUG["dad"] = xs.clone()
-            DEBUG["dw_mid"] = dwo.clone()
-            DEBUG["a"] = a.clone()
-        iw = os.environ.get("PATHLAB_UT3_INV_WARPS")
-        _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dwo, dw, dbeta, NC, T, B * T,
-                *strides[6:], BT=BT, D=D, HALF=half, warps=int(iw) if iw else None)
+        _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
+                *strides[6:], BT=BT, D=D, HALF=half)
     return dq, dk, dw, dbeta
 
 

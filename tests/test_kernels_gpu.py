@@ -85,7 +85,7 @@ def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
 def test_bf16_fused_ut_at_head_dim_128(gate, ut, monkeypatch):
-    """At D = 128 the fused UT backward runs split in five kernels (the two-kernel form needs more shared memory
+    """At D = 128 the fused UT backward runs split in five kernels (the three-kernel form needs more shared memory
     than an H200 has)."""
     monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     _check_bf16_against_oracle(4096, "torch", gate, f"ut={ut} D=128", D=128)
@@ -153,8 +153,8 @@ def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
         assert torch.isfinite(t.grad).all(), f"d{name} has NaN/inf"
 
 
-def test_two_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit(monkeypatch):
-    """Forced back to two kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``) with tf32 products
+def test_three_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit(monkeypatch):
+    """Forced back to three kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``) with tf32 products
     (``PATHLAB_PATH_UT_HALF=0``; fp16 operands take half the shared memory, and fit), the fused UT backward needs
     more shared memory than an H200 has: a clear error naming the way out, not a raw Triton exception. (If a GPU
     ever fits it, this test fails and the split default can be revisited.)"""

@@ -79,8 +79,8 @@ CASES = [
 ]
 
 
-BACKWARD_FORMS = {"two-kernel-backward": "0", "split-backward": "1"}  # PATHLAB_PATH_UT_SPLIT
-FIRST_KERNEL = {"two-kernel-backward": "_ut_bwd_heads_kernel", "split-backward": "_ut_bwd_end_kernel"}
+BACKWARD_FORMS = {"three-kernel-backward": "0", "split-backward": "1"}  # PATHLAB_PATH_UT_SPLIT
+FIRST_KERNEL = {"three-kernel-backward": "_ut_bwd_heads_kernel", "split-backward": "_ut_bwd_end_kernel"}
 
 
 class _Spy:
@@ -108,8 +108,8 @@ def use_backward_form(form, monkeypatch):
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", CASES)
 def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, form, monkeypatch):
-    """Both forms of the backward: two kernels (the default at D ≤ 64) and split in five (the default at D = 128,
-    where the two do not fit an H200's shared memory with tf32 products)."""
+    """Both forms of the backward: three kernels (the default at D ≤ 64) and split in five (the default at D = 128,
+    where the first of the three does not fit an H200's shared memory with tf32 products)."""
     launched = use_backward_form(form, monkeypatch)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
     compare(inputs, build_layout(B, T, BT, "cpu"))
@@ -465,7 +465,7 @@ def test_lambda_precision_choice(monkeypatch):
         _lambda_precision()
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["two-kernel-backward", "split-backward"])
+@pytest.mark.parametrize("split", ["0", "1"], ids=["three-kernel-backward", "split-backward"])
 def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, monkeypatch):
     """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk,
     dM freed once read) empties the list it is handed and returns exactly what ``consume=False`` returns; the
