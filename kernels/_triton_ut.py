@@ -486,11 +486,8 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
     dn = -_dot(*_operand(_dot(at_h, at_s, *_operand(da, HALF), HALF), HALF), at_h, at_s, HALF)
     dn = tl.where(strict, dn, 0.0)
     db += tl.sum(dn * _mm(w, tl.trans(w), HALF, A_UNIT=True, B_UNIT=True), axis=1)
-    # dw += (dG + dGᵀ) W as two products on one operand: the sum dG + dGᵀ as an operand miscompiles with
-    # Triton 3.6 at 4 warps and D ≤ 32 (NaN on an H200; benchmarks/results/ut-inverse-grads-steps-h200.json)
-    dg_h, dg_s = _operand(dn * b[:, None], HALF)
-    w_h, w_s = _operand(w, HALF, True)
-    dw += _dot(dg_h, dg_s, w_h, w_s, HALF) + _dot(tl.trans(dg_h), dg_s, w_h, w_s, HALF)
+    dgram = dn * b[:, None]
+    dw += _mm(dgram + tl.trans(dgram), w, HALF, B_UNIT=True)
     # w = w_raw / max(‖w_raw‖, ε): project out the radial part where the norm is above ε
     radial = tl.where(norm > 1e-12, tl.sum(dw * w, axis=1), 0.0)
     dw = (dw - radial[:, None] * w) / tl.maximum(norm, 1e-12)[:, None]
@@ -519,7 +516,7 @@ def _ut_bwd_inverse_kernel(
 # Custom ops, as for the scan (see ``path``): opaque to torch.compile, joined by ``register_autograd``.
 
 def num_warps(D: int) -> int:
-    """Warps of the UT kernels (the inverse has its own): 4 at D ≤ 64, 8 (two warp groups, each fp32 [BT, D] tile
+    """Warps of the UT kernels (the inverse has its own, see ``inverse_grads_warps`` for its gradients): 4 at D ≤ 64, 8 (two warp groups, each fp32 [BT, D] tile
     at half the registers per thread) at D = 128. ``PATHLAB_PATH_UT_WARPS`` overrides, for measurements. At
     D = 64 on an H200, 4 warps took 4.5% off a PaTH forward+backward at T = 512 and 2% at T = 4096, against 8
     (``benchmarks/results/kernels-h200-ut-warps.json``)."""
@@ -527,6 +524,16 @@ def num_warps(D: int) -> int:
     if value and value not in ("1", "2", "4", "8", "16"):
         raise ValueError(f"PATHLAB_PATH_UT_WARPS must be 1, 2, 4, 8 or 16, got {value!r}")
     return int(value) if value else 4 if D <= 64 else 8
+
+
+def inverse_grads_warps(D: int) -> int:
+    """Warps of ``_ut_bwd_inverse_kernel``: ``num_warps(D)``, but 8 below D = 64. Built by Triton 3.6 for an H200 at
+    4 warps and D ≤ 32, its product (dG + dGᵀ) W on fp16 operands comes out wrong, NaN included (a standalone
+    kernel of its steps, ``benchmarks/ut_inverse_grads_steps.py``: ``ut-inverse-grads-steps-h200.json``); at 2 and
+    8 warps, at D = 64, on tf32 operands and under the interpreter it is right. Forming the same sum as two
+    products on one transposed operand failed too (at D = 16). The kernel takes 0.24 ms at 4 warps, 0.36 at 2
+    and 0.44 at 8 (T = 512, B = 64, 12×64; ``kernels-h200-ut-inverse-warps-1-0fd04c6.json``)."""
+    return 8 if D < 64 else num_warps(D)
 
 
 _INVERSE_NUM_WARPS = 2  # the inverse works on 16×16 blocks; on an H200, 2 warps took 0.29 ms for 6144 inverses,
@@ -684,7 +691,7 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs,
                 NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
         _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
-                *strides[6:], BT=BT, D=D, HALF=half)
+                *strides[6:], BT=BT, D=D, HALF=half, warps=inverse_grads_warps(D))
     return dq, dk, dw, dbeta
 
 

@@ -177,6 +177,17 @@ def test_warps_by_head_dim(monkeypatch):
         num_warps(64)
 
 
+def test_inverse_gradients_kernel_avoids_four_warps_below_head_dim_64(monkeypatch):
+    """``_ut_bwd_inverse_kernel`` at 4 warps and D ≤ 32 is miscompiled by Triton 3.6 for an H200 (NaN dw;
+    ``benchmarks/ut_inverse_grads_steps.py``), so it runs 8 there, whatever ``PATHLAB_PATH_UT_WARPS`` says."""
+    from pathlab.kernels._triton_ut import inverse_grads_warps
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_WARPS", raising=False)
+    assert [inverse_grads_warps(d) for d in (16, 32, 64, 128)] == [8, 8, 4, 8]
+    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "4")
+    assert [inverse_grads_warps(d) for d in (16, 32, 64)] == [8, 8, 4]
+
+
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 def test_packed_sequences(form, monkeypatch):
     launched = use_backward_form(form, monkeypatch)
