@@ -33,7 +33,7 @@ FORMS = {"sum": 0, "lower": 1, "two": 2}
 
 @triton.jit
 def _steps(A, DAD, W, B, OUT, DB, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, FORM: tl.constexpr):
-    """OUT [BT, D] = the chosen form of (dG + dGᵀ) W, DB [BT] = dβ, from A, d(A D_β) [BT, BT], W [BT, D], β [BT]."""
+    """OUT [BT, D] = the chosen form of (dG + dGᵀ) W and DB [BT] = dβ, from A, d(A D_β) [BT, BT], W [BT, D], β."""
     rows = tl.arange(0, BT)
     square = rows[:, None] * BT + rows[None, :]
     chunk = rows[:, None] * D + tl.arange(0, D)[None, :]
@@ -98,7 +98,8 @@ def main(argv=None):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     if args.out:
-        result = dict(command="python3 benchmarks/ut_inverse_grads_steps.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        given = sys.argv[1:] if argv is None else argv
+        result = dict(command="python3 benchmarks/ut_inverse_grads_steps.py " + " ".join(given),
                       device=torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
                       triton=triton.__version__, torch=torch.__version__, rows=rows)
         with open(args.out, "w") as f:

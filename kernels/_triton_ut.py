@@ -516,10 +516,10 @@ def _ut_bwd_inverse_kernel(
 # Custom ops, as for the scan (see ``path``): opaque to torch.compile, joined by ``register_autograd``.
 
 def num_warps(D: int) -> int:
-    """Warps of the UT kernels (the inverse has its own, see ``inverse_grads_warps`` for its gradients): 4 at D ≤ 64, 8 (two warp groups, each fp32 [BT, D] tile
-    at half the registers per thread) at D = 128. ``PATHLAB_PATH_UT_WARPS`` overrides, for measurements. At
-    D = 64 on an H200, 4 warps took 4.5% off a PaTH forward+backward at T = 512 and 2% at T = 4096, against 8
-    (``benchmarks/results/kernels-h200-ut-warps.json``)."""
+    """Warps of the UT kernels (the inverse has its own, and its gradients' kernel ``inverse_grads_warps``): 4 at
+    D ≤ 64, 8 (two warp groups, each fp32 [BT, D] tile at half the registers per thread) at D = 128.
+    ``PATHLAB_PATH_UT_WARPS`` overrides, for measurements. At D = 64 on an H200, 4 warps took 4.5% off a PaTH
+    forward+backward at T = 512 and 2% at T = 4096, against 8 (``benchmarks/results/kernels-h200-ut-warps.json``)."""
     value = os.environ.get("PATHLAB_PATH_UT_WARPS") or ""
     if value and value not in ("1", "2", "4", "8", "16"):
         raise ValueError(f"PATHLAB_PATH_UT_WARPS must be 1, 2, 4, 8 or 16, got {value!r}")
@@ -528,11 +528,12 @@ def num_warps(D: int) -> int:
 
 def inverse_grads_warps(D: int) -> int:
     """Warps of ``_ut_bwd_inverse_kernel``: ``num_warps(D)``, but 8 below D = 64. Built by Triton 3.6 for an H200 at
-    4 warps and D ≤ 32, its product (dG + dGᵀ) W on fp16 operands comes out wrong, NaN included (a standalone
-    kernel of its steps, ``benchmarks/ut_inverse_grads_steps.py``: ``ut-inverse-grads-steps-h200.json``); at 2 and
-    8 warps, at D = 64, on tf32 operands and under the interpreter it is right. Forming the same sum as two
-    products on one transposed operand failed too (at D = 16). The kernel takes 0.24 ms at 4 warps, 0.36 at 2
-    and 0.44 at 8 (T = 512, B = 64, 12×64; ``kernels-h200-ut-inverse-warps-1-0fd04c6.json``)."""
+    4 warps and D ≤ 32, its product (dG + dGᵀ) W on fp16 operands comes out wrong, NaN included, while dG W alone
+    is right (a standalone kernel of its steps, ``benchmarks/ut_inverse_grads_steps.py``:
+    ``benchmarks/results/ut-inverse-grads-steps-h200.json``); at 2 and 8 warps, at D = 64, on tf32 operands and
+    under the interpreter it is right. dG W + dGᵀ W, two products on one operand, is wrong there too. The kernel
+    takes 0.24 ms at 4 warps, 0.36 at 2 and 0.44 at 8 (T = 512, B = 64, 12×64;
+    ``kernels-h200-ut-inverse-warps-1-0fd04c6.json``)."""
     return 8 if D < 64 else num_warps(D)
 
 

@@ -378,6 +378,27 @@ def test_ut_transform_benchmark_runs_on_the_cpu(monkeypatch):
         assert inverse[name]["err"] < 1e-6 and inverse[name]["ms"] is None, inverse
 
 
+def test_inverse_gradient_steps_script_is_right_under_the_interpreter(tmp_path):
+    """``benchmarks/ut_inverse_grads_steps.py`` (the reproducer of Triton 3.6's error at 4 warps, D ≤ 32, on an
+    H200) at D = 16 on the CPU: every form of (dG + dGᵀ) W and dβ within fp16-operand rounding of fp64, so that a
+    failure it records on a GPU is the GPU build's, not the script's."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ut_inverse_grads_steps.py"
+    spec = importlib.util.spec_from_file_location("ut_inverse_grads_steps", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "steps.json"
+    script.main(["--dims", "16", "--warps", "4", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["form"], r["half"]) for r in rows} == {(f, h) for f in script.FORMS for h in (True, False)}
+    for r in rows:
+        tol = 2e-3 if r["half"] else 1e-5
+        assert r["nonfinite"] == 0 and r["db_nonfinite"] == 0 and r["err"] < tol and r["db_err"] < tol, r
+
+
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("beta_range", [(0.0, 0.05), (1.9, 2.0)], ids=["beta0", "beta2"])
 def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range):
