@@ -1,4 +1,4 @@
-# Ran at commit c6da3b2 (its PATHLAB_UT3_* settings of the UT backward exist only there) as `python3 ut3diag.py`
+# Ran at commit c6da3b2 (its UT3_* settings of the UT backward exist only there; PATHLAB_UT3_* at 0fd04c6) as `python3 ut3diag.py`
 # from the repository root; writes ut3diag.json into $OUT (committed as ut-three-kernel-variants-h200-c6da3b2.json).
 """Which three-kernel UT backward variant gives NaN dw on the GPU, and where it first appears."""
 import json, os, sys
