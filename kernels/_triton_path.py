@@ -10,10 +10,14 @@ no chunk copy of them is made. Row i of chunk n holds token r = ``TOK[n·BT + i]
 r = NTOK and is masked: dO and o read as zero there, o is not written), or r = n·BT + i (no padding, no index to
 read); (token r, head h) sits at r·s_t + h·s_h. So the same kernels serve ``[B, T, heads, ·]`` tensors whose
 (b, t) rows are evenly spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous
-chunk-layout tensors (s_t = row length, s_h = NC·BT·row length). v and dV, read and summed once per chunk
-*pair*, stay in the chunk layout: read and summed in place in ``[B, T, heads, Dv]``, forward+backward took 13%
-longer at T = 16384, 16×128, where a tile's rows are 4 KiB apart, side by side with the chunk layout
-(``benchmarks/results/kernels-h200-rows-in-place*.json``).
+chunk-layout tensors (s_t = row length, s_h = NC·BT·row length).
+
+Rows of v. v and dV are read and summed once per chunk *pair*, addressed by row as well, with their own strides
+(sv_t, sv_h): in v's layout ``[B, T, Hkv, Dv]`` at head dims up to 64, their rows through ``TOK`` where the
+layout has padding (``V_GATHER``), or in a chunk copy of v made by the op (``path.v_in_token_rows``). Key
+chunks m < c are whole chunks (only a sequence's last chunk has padding), so their rows need no mask. In place,
+forward+backward took 13% longer at T = 16384, 16×128, where a tile's rows are 4 KiB apart, and less time at
+12×64 than with the copy (``benchmarks/results/kernels-h200-rows-in-place*.json``).
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
@@ -78,6 +82,16 @@ def _chunk_tokens(TOK, n, rows, BT: tl.constexpr, NTOK, GATHER: tl.constexpr):
 
 
 @triton.jit
+def _key_tokens(TOK, kn, rows, BT: tl.constexpr, GATHER: tl.constexpr):
+    """The rows of key chunk kn < c, as :func:`_chunk_tokens`: a whole chunk (only a sequence's last chunk has
+    padding), so all valid."""
+    if GATHER:
+        return tl.load(TOK + kn * BT + rows)
+    else:
+        return kn * BT + rows
+
+
+@triton.jit
 def _load_rows(X, tok, valid, s_t, col, MASKED: tl.constexpr):
     """The tile ``X[tok·s_t + col]`` (``[BT, len(col)]``), zeros in rows that are not ``valid`` if ``MASKED``."""
     ptr = X + tok[:, None] * s_t + col[None, :]
@@ -109,12 +123,14 @@ def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
 @triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
-    NC, NTOK, so_t, so_h, scale_log2,
+    NC, NTOK, so_t, so_h, sv_t, sv_h, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, GATHER: tl.constexpr, GATE_AHEAD: tl.constexpr = True,
+    PREC: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
 ):
-    """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h.
-    GATE_AHEAD: each pair's gate loaded one pair ahead (module docstring, "The gate")."""
+    """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h;
+    V is read by row too, (token r, kv head) at r·sv_t + hk·sv_h, its rows through ``TOK`` if ``V_GATHER``
+    (module docstring, "Rows of v"). GATE_AHEAD: each pair's gate loaded one pair ahead (module docstring, "The
+    gate")."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -137,7 +153,9 @@ def _path_fwd_kernel(
     m_i = tl.max(s, 1)
     p = tl.math.exp2(s - m_i[:, None])
     l_i = tl.sum(p, 1)
-    v = tl.load(V + ((hk * NC + n) * BT + rows[:, None]) * DV + vcol[None, :])
+    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
+    vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, V_GATHER)
+    v = _load_rows(V + hk * sv_h, vtok, vvalid, sv_t, vcol, V_GATHER)
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
     for mm in range(0, c):
@@ -156,7 +174,7 @@ def _path_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + ((hk * NC + kn) * BT + rows[:, None]) * DV + vcol[None, :])
+        v = _load_rows(V + hk * sv_h, _key_tokens(TOK, kn, rows, BT, V_GATHER), rows < BT, sv_t, vcol, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
         # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
@@ -164,7 +182,6 @@ def _path_fwd_kernel(
         q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
-    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
     _store_rows(O + h * so_h, tok, valid, so_t, vcol, o.to(O.dtype.element_ty), GATHER)
     tl.store(LSE + (h * NC + n) * BT + rows, m_i + tl.math.log2(l_i))
 
@@ -182,17 +199,17 @@ def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val, mask=None):
     """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
     no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
     (``ACQ_REL`` keeps the default, for the side-by-side measurement; ``NO_ATOMICS``, for profiling only,
-    stores instead: wrong sums)."""
+    stores instead: wrong sums). ``mask``: the elements to add (all if None)."""
     if NO_ATOMICS:
-        tl.store(ptr, val)
+        tl.store(ptr, val, mask=mask)
     elif ACQ_REL:
-        tl.atomic_add(ptr, val)
+        tl.atomic_add(ptr, val, mask=mask)
     else:
-        tl.atomic_add(ptr, val, sem="relaxed")
+        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -200,18 +217,19 @@ def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
-    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, scale, scale_log2,
+    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False,
+    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
     ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
-    forward (module docstring): (token r, query head h) at r·s_t + h·s_h."""
+    forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V and of its gradient DVV as
+    the forward's V, with strides (sv_t, sv_h) and (sdv_t, sdv_h)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -220,7 +238,6 @@ def _path_bwd_kernel(
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
-    tile_v = rows[:, None] * DV + vcol[None, :]
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
@@ -270,6 +287,7 @@ def _path_bwd_kernel(
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
+            ktok = _key_tokens(TOK, kn, rows, BT, V_GATHER)
             if PREFETCH:
                 ql = ql_next
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
@@ -280,9 +298,10 @@ def _path_bwd_kernel(
             if HAS_GATE:  # loaded here, not a pair ahead as in the forward (module docstring, "The gate")
                 s += gq[:, None] - _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)[None, :]
             p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(tl.load(V + krow * DV + tile_v)), input_precision=PREC)
+            vt = _load_rows(V + hk * sv_h, ktok, rows < BT, sv_t, vcol, False)
+            dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, ACQ_REL, DVV + krow * DV + tile_v,
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + ktok[:, None] * sdv_t + vcol[None, :],
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
@@ -310,12 +329,13 @@ def _path_bwd_kernel(
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        crow = (hk * NC + n) * BT
-        dp = tl.dot(do, tl.trans(tl.load(V + crow * DV + tile_v)), input_precision=PREC)
+        vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, V_GATHER)
+        dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, vtok, vvalid, sv_t, vcol, V_GATHER)), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
-        _accumulate(NO_ATOMICS, ACQ_REL, DVV + crow * DV + tile_v,
-                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+        # no sum into the padding rows of v's own layout (V_GATHER); the chunk layout's are all there
+        _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + vtok[:, None] * sdv_t + vcol[None, :],
+                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC), vvalid[:, None] if V_GATHER else None)
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)

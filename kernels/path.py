@@ -106,11 +106,12 @@ _BWD_SCHEMA = (
 
 
 def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                   token_rows=None):
+                   token_rows=None, v_rows=False):
     """Forward scan: o (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32), from v ``[Hkv, NC, BT, Dv]``
     in the chunk layout. o is ``[H, NC, BT, Dv]``, or with ``token_rows = (tokens, B, T)`` (``tokens`` from
     ``_layout.slot_tokens``; not a schema input: the fused ops pass it) ``[B, T, H, Dv]``, written there by the
-    kernel (``_triton_path``, "Rows of o and dO").
+    kernel (``_triton_path``, "Rows of o and dO"). ``v_rows=True`` (with ``token_rows``): v is ``[B, T, Hkv, Dv]``,
+    read where it is (``_triton_path``, "Rows of v"; :func:`v_in_token_rows`).
 
     ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
     from this op's inputs by ``register_autograd``) has them.
@@ -118,10 +119,11 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     from ._triton_path import _path_fwd_kernel
 
     H, NC, BT, D = qs.shape
-    Hkv, DV = v.shape[0], v.shape[-1]
+    DV = v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, v, sd = qs.contiguous(), v.contiguous(), sd.contiguous()
+    qs, sd = qs.contiguous(), sd.contiguous()
+    v, Hkv, (sv_t, sv_h) = _v_rows(v, v_rows, NC, BT)
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     o_shape, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
     o = unwritten(o_shape, dtype=v.dtype, device=v.device)
@@ -130,16 +132,51 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     num_warps, num_stages, _, maxnreg = _launch_config("fwd", D, DV)
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
+    gather = n_tok != NC * BT
     _path_fwd_kernel[(NC, H)](
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
-        NC, n_tok, so_t, so_h, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
+        NC, n_tok, so_t, so_h, sv_t, sv_h, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, V_GATHER=gather and v_rows,
         # each pair's gate loaded a pair ahead (PATHLAB_PATH_FWD_GATE_AHEAD): on an H200 the gated forward took 1-4%
         # less time at 12×64, 9% less at 16×128 (benchmarks/results/kernels-h200-gate-ahead.json)
         GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True),
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
+
+
+V_ROWS_VALUES = ("auto", "1", "0")
+
+
+def v_in_token_rows(D: int, DV: int) -> bool:
+    """Whether the fused routes' scan reads v and sums dV in v's own layout ``[B, T, Hkv, Dv]``
+    (``PATHLAB_PATH_V_ROWS=1``) or in a chunk copy ``[Hkv, NC, BT, Dv]`` made by the op (``0``). ``auto``
+    (default): in place at D, Dv <= 64, a copy at 128. On an H200, in place against the copy: fwd+bwd 4.25 against
+    4.45 ms at T = 512, 9.82 against 9.93 at 4096 (12×64), but 148.6 against 131.4 at T = 16384, 16×128, where a
+    tile's rows are 4 KiB apart (``benchmarks/results/kernels-h200-rows-in-place*.json``)."""
+    value = os.environ.get("PATHLAB_PATH_V_ROWS") or "auto"
+    if value not in V_ROWS_VALUES:
+        raise ValueError(f"PATHLAB_PATH_V_ROWS must be one of {V_ROWS_VALUES}, got {value!r}")
+    return max(D, DV) <= 64 if value == "auto" else value == "1"
+
+
+def _token_rows(x):
+    """x ``[B, T, heads, ·]`` with evenly spaced (b, t) rows (s_b = T·s_t) and unit last stride (copied if not;
+    a slice of a fused projection already is), with its (s_t, s_h) for the scan kernels' row addressing."""
+    B, T = x.shape[:2]
+    if x.stride(-1) != 1 or (B > 1 and T > 1 and x.stride(0) != T * x.stride(1)):
+        x = x.contiguous()
+    return x, (x.stride(1) if T > 1 else x.stride(0), x.stride(2))
+
+
+def _v_rows(v, v_rows, NC, BT):
+    """(v as the kernels read it, the number of kv heads, (s_t, s_h) of its rows): ``[B, T, Hkv, Dv]`` in place
+    when ``v_rows``, else the contiguous chunk layout ``[Hkv, NC, BT, Dv]``, whose row n·BT + i is chunk n's."""
+    if v_rows:
+        v, strides = _token_rows(v)
+        return v, v.shape[2], strides
+    v = v.contiguous()
+    return v, v.shape[0], (v.shape[-1], NC * BT * v.shape[-1])
 
 
 def _o_rows(token_rows, chunk_index, H, NC, BT, DV):
@@ -192,22 +229,24 @@ def _delta(do, o):
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs, into_inputs=False, token_rows=None):
+                   programs, into_inputs=False, token_rows=None, v_rows=False):
     """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype; chunk layout). dG_local is
     an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
     ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV left in fp32 for the caller, who casts it in the copy
-    back to v's layout (``_layout.scatter_chunks``)."""
+    back to v's layout (``_layout.scatter_chunks``). ``v_rows=True`` (with ``token_rows``): v is read, and dV
+    (fp32) summed, in v's layout ``[B, T, Hkv, Dv]``, as in :func:`_scan_fwd_impl`."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
         raise ValueError(f"into_inputs needs fp32 q̃ and S_d, got {qs.dtype} and {sd.dtype}")
     H, NC, BT, D = qs.shape
-    Hkv, DV = v.shape[0], v.shape[-1]
+    DV = v.shape[-1]
     lowp = _lowp(v.dtype)
     prec = "ieee" if lowp == torch.float32 else "tf32"
-    qs, v, sd, o, lse = qs.contiguous(), v.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
+    qs, sd, o, lse = qs.contiguous(), sd.contiguous(), o.contiguous(), lse.contiguous()
+    v, Hkv, (sv_t, sv_h) = _v_rows(v, v_rows, NC, BT)
     ks_l, m_l = ks.to(lowp).contiguous(), m.to(lowp).contiguous()
     do = do.to(v.dtype).contiguous()  # o's strides
     _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
@@ -228,11 +267,13 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
-    dv = torch.zeros((Hkv, NC, BT, DV), **f32)
+    dv = torch.zeros((*v.shape[:2], Hkv, DV) if v_rows else (Hkv, NC, BT, DV), **f32)
+    sdv_t, sdv_h = (Hkv * DV, DV) if v_rows else (DV, NC * BT * DV)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
+    gather = n_tok != NC * BT
     num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
@@ -242,8 +283,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order, tok,
-        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, scale, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=n_tok != NC * BT,
+        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_t, sv_h, sdv_t, sdv_h, scale,
+        scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, V_GATHER=gather and v_rows,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
@@ -279,6 +321,7 @@ _scan_bwd.register_fake(_scan_bwd_fake)
 def _scan_setup_context(ctx, inputs, output):
     qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs = inputs
     o, lse = output
+    ctx.set_materialize_grads(False)  # the log-sum-exp's gradient is ignored: no zeros filled for it
     ctx.save_for_backward(qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order)
     ctx.max_chunks, ctx.scale, ctx.programs = max_chunks, scale, programs
 

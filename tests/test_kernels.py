@@ -103,23 +103,76 @@ V_LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("v_rows", ["1", "0"], ids=["v-in-place", "v-chunk-copy"])
 @pytest.mark.parametrize("delta", ["kernel", "pass"])
 @pytest.mark.parametrize("T,v_layout,packed", [(32, "fused-projection", None), (45, "time-slice", None),
                                                (48, "fused-projection", [16, 32])],
                          ids=["whole-chunks", "padded", "packed-whole-chunks"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"])
-def test_fused_routes_keep_o_and_do_in_place(monkeypatch, ut, T, v_layout, packed, delta):
+def test_fused_routes_keep_o_and_do_in_place(monkeypatch, ut, T, v_layout, packed, delta, v_rows):
     """On the fused routes the scan writes o and reads dO in ``[B, T, H, Dv]``: the chunk layout's rows looked
     up in the token index where the layout has padding, computed where it has none (every sequence a whole number
-    of chunks, packed or not); v, not contiguous, copied into chunks and dv back; δ formed in the kernel or
-    before it."""
+    of chunks, packed or not); v, not contiguous, read and dv summed in v's layout too (``PATHLAB_PATH_V_ROWS=1``,
+    the default at D <= 64), or copied into chunks and dv back (``0``, the default at D = 128); δ formed in the
+    kernel or before it."""
     monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
+    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", v_rows)
     B = 1 if packed else 2
     q, k, v, w, beta, g = make(B, T, 4, 2, 32, 16, torch.float32, gate=True)
     v = V_LAYOUTS[v_layout](v)
     assert not v.is_contiguous()
     cu = None if packed is None else torch.tensor([0] + torch.tensor(packed).cumsum(0).tolist(), dtype=torch.int32)
     compare((q, k, v, w, beta, g), tol=1e-5, block_size=16, cu_seqlens=cu, ut=ut)
+
+
+def test_v_rows_policy(monkeypatch):
+    """v read in its own layout at head dims up to 64 and copied into chunks at 128, unless forced; a bad value
+    is a clear error."""
+    from pathlab.kernels.path import v_in_token_rows
+
+    monkeypatch.delenv("PATHLAB_PATH_V_ROWS", raising=False)
+    assert v_in_token_rows(64, 64) and v_in_token_rows(16, 32)
+    assert not v_in_token_rows(128, 128) and not v_in_token_rows(64, 128)
+    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "1")
+    assert v_in_token_rows(128, 128)
+    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "0")
+    assert not v_in_token_rows(64, 64)
+    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "yes")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_V_ROWS"):
+        v_in_token_rows(64, 64)
+
+
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
+def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
+    """The ops' internal outputs (the log-sum-exp; on the saving route the UT factors q̃, k̃, M, S_d, A) get no
+    gradient: autograd must not fill a zero tensor for each of them in every backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ZeroFills(TorchDispatchMode):
+        """Zero fills outside the ops (autograd's, for outputs without a gradient) and the ops called."""
+
+        def __init__(self):
+            super().__init__()
+            self.shapes, self.ops = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.ops.append(f"{func.namespace}::{name}")
+            if name in ("zeros", "zeros_like", "new_zeros", "zero_") or (name == "fill_" and args[1] == 0):
+                self.shapes.append(tuple(out.shape))
+            return out
+
+    B, T, H, Hkv, D, BT = 2, 40, 4, 2, 16, 16
+    NC = B * -(-T // BT)
+    q, k, v, w, beta, _ = make(B, T, H, Hkv, D, D, torch.float32, gate=False)
+    leaves = [t.requires_grad_() for t in (q, k, v, w, beta)]
+    o = path_attention_triton(*leaves, block_size=BT, programs=2, ut=ut)
+    with ZeroFills() as fills:
+        torch.autograd.grad(o, leaves, torch.randn_like(o))
+    internal = {(H, NC, BT), (H, NC, BT, D), (H, NC, BT, BT), (Hkv, NC, BT, BT)}  # lse, q̃, S_d, A
+    assert any(op.startswith("pathlab::") and "bwd" in op for op in fills.ops), fills.ops  # the mode saw the backward
+    assert not internal & set(fills.shapes), fills.shapes
 
 
 @pytest.mark.parametrize("prefetch, snake", [("0", "1"), ("1", "0")], ids=["no-prefetch", "prefetch-no-snake"])
