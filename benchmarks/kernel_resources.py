@@ -89,10 +89,12 @@ def cases(dims, GROUP=1):
                     yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'}",
                            _triton_path._path_bwd_kernel,
                            dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
-                                LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False),
+                                LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False,
+                                SV_T=D, SDV_T=D, V_ROWS=D <= 64),
                            warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
-                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False), 4, True)
+                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D, V_ROWS=D <= 64),
+                   4, True)
         yield f"ut_inverse D{D}", _triton_ut._ut_inverse_kernel, dict(BT=64, D=D), _triton_ut._INVERSE_NUM_WARPS, False
         for half in (False, True):  # tf32 products, or fp16 on operands scaled by powers of two
             tag = " half" if half else ""

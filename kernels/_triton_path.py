@@ -13,7 +13,7 @@ read); (token r, head h) sits at r·s_t + h·s_h. So the same kernels serve ``[B
 chunk-layout tensors (s_t = row length, s_h = NC·BT·row length).
 
 Rows of v. v and dV are read and summed once per chunk *pair*, addressed by row as well, with their own strides
-(sv_t, sv_h): in v's layout ``[B, T, Hkv, Dv]`` at head dims up to 64, their rows through ``TOK`` where the
+(s_t, s_h): in v's layout ``[B, T, Hkv, Dv]`` at head dims up to 64, their rows through ``TOK`` where the
 layout has padding (``V_GATHER``), or in a chunk copy of v made by the op (``path.v_in_token_rows``). Key
 chunks m < c are whole chunks (only a sequence's last chunk has padding), so their rows need no mask. In place,
 forward+backward took 13% longer at T = 16384, 16×128, where a tile's rows are 4 KiB apart, and less time at
@@ -82,13 +82,26 @@ def _chunk_tokens(TOK, n, rows, BT: tl.constexpr, NTOK, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _key_tokens(TOK, kn, rows, BT: tl.constexpr, GATHER: tl.constexpr):
-    """The rows of key chunk kn < c, as :func:`_chunk_tokens`: a whole chunk (only a sequence's last chunk has
-    padding), so all valid."""
+def _whole_chunk_start(TOK, kn, BT: tl.constexpr, GATHER: tl.constexpr):
+    """The first row r of chunk kn when it is a whole chunk, as key chunks m < c are (only a sequence's last
+    chunk has padding): its rows are r … r + BT − 1, one sequence's consecutive tokens (``TOK[kn·BT]`` when
+    ``GATHER``, else kn·BT)."""
     if GATHER:
-        return tl.load(TOK + kn * BT + rows)
+        return tl.load(TOK + kn * BT).to(tl.int64)
     else:
-        return kn * BT + rows
+        return kn * BT
+
+
+@triton.jit
+def _v_chunk_base(TOK, hk, kn, s_h, NC, BT: tl.constexpr, DV: tl.constexpr, S_T: tl.constexpr,
+                  V_ROWS: tl.constexpr, V_GATHER: tl.constexpr):
+    """Offset of row 0 of whole chunk kn of kv head hk in V or dV (module docstring, "Rows of v"): in v's layout
+    (``V_ROWS``) hk·s_h + r·S_T with r its first row (:func:`_whole_chunk_start`), in the chunk layout
+    (hk·NC + kn)·BT·DV; the chunk's rows follow S_T apart (S_T = DV in the chunk layout)."""
+    if V_ROWS:
+        return hk * s_h + _whole_chunk_start(TOK, kn, BT, V_GATHER) * S_T
+    else:
+        return (hk * NC + kn) * BT * DV
 
 
 @triton.jit
@@ -123,12 +136,14 @@ def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
 @triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
-    NC, NTOK, so_t, so_h, sv_t, sv_h, scale_log2,
+    NC, NTOK, so_t, so_h, sv_h, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    PREC: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
+    PREC: tl.constexpr, GATHER: tl.constexpr, SV_T: tl.constexpr, V_ROWS: tl.constexpr = False,
+    V_GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
 ):
     """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h;
-    V is read by row too, (token r, kv head) at r·sv_t + hk·sv_h, its rows through ``TOK`` if ``V_GATHER``
+    V is read in v's layout if ``V_ROWS``, (token r, kv head) at r·SV_T + hk·sv_h, its rows through ``TOK`` if
+    ``V_GATHER``, else in the chunk layout
     (module docstring, "Rows of v"). GATE_AHEAD: each pair's gate loaded one pair ahead (module docstring, "The
     gate")."""
     n = tl.program_id(0).to(tl.int64)
@@ -153,9 +168,12 @@ def _path_fwd_kernel(
     m_i = tl.max(s, 1)
     p = tl.math.exp2(s - m_i[:, None])
     l_i = tl.sum(p, 1)
-    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
-    vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, V_GATHER)
-    v = _load_rows(V + hk * sv_h, vtok, vvalid, sv_t, vcol, V_GATHER)
+    if V_GATHER:  # the query chunk may be a sequence's last, with padding
+        vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, True)
+        v = _load_rows(V + hk * sv_h, vtok, vvalid, SV_T, vcol, True)
+    else:
+        v = tl.load(V + _v_chunk_base(TOK, hk, n, sv_h, NC, BT, DV, SV_T, V_ROWS, False)
+                    + rows[:, None] * SV_T + vcol[None, :])
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
     for mm in range(0, c):
@@ -174,7 +192,8 @@ def _path_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(V + hk * sv_h, _key_tokens(TOK, kn, rows, BT, V_GATHER), rows < BT, sv_t, vcol, False)
+        v = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER)
+                    + rows[:, None] * SV_T + vcol[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
         # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
@@ -182,6 +201,7 @@ def _path_fwd_kernel(
         q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
+    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
     _store_rows(O + h * so_h, tok, valid, so_t, vcol, o.to(O.dtype.element_ty), GATHER)
     tl.store(LSE + (h * NC + n) * BT + rows, m_i + tl.math.log2(l_i))
 
@@ -217,11 +237,12 @@ def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
-    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2,
+    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_h, sdv_h, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
-    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
+    DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, SV_T: tl.constexpr = 0,
+    SDV_T: tl.constexpr = 0, V_ROWS: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
@@ -229,7 +250,7 @@ def _path_bwd_kernel(
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
     ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
     forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V and of its gradient DVV as
-    the forward's V, with strides (sv_t, sv_h) and (sdv_t, sdv_h)."""
+    the forward's V, with strides (SV_T, sv_h) and (SDV_T, sdv_h)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -238,6 +259,8 @@ def _path_bwd_kernel(
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
+    tile_v = rows[:, None] * SV_T + vcol[None, :]  # a whole key chunk's rows of V (and of dV) from its first
+    tile_dv = rows[:, None] * SDV_T + vcol[None, :]
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
@@ -287,7 +310,6 @@ def _path_bwd_kernel(
         for m in range(0, c):
             kn = first + m
             krow = (hk * NC + kn) * BT
-            ktok = _key_tokens(TOK, kn, rows, BT, V_GATHER)
             if PREFETCH:
                 ql = ql_next
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
@@ -298,10 +320,11 @@ def _path_bwd_kernel(
             if HAS_GATE:  # loaded here, not a pair ahead as in the forward (module docstring, "The gate")
                 s += gq[:, None] - _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)[None, :]
             p = tl.math.exp2(s - lse[:, None])
-            vt = _load_rows(V + hk * sv_h, ktok, rows < BT, sv_t, vcol, False)
+            vt = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER) + tile_v)
             dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + ktok[:, None] * sdv_t + vcol[None, :],
+            _accumulate(NO_ATOMICS, ACQ_REL,
+                        DVV + _v_chunk_base(TOK, hk, kn, sdv_h, NC, BT, DV, SDV_T, V_ROWS, V_GATHER) + tile_dv,
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
@@ -329,13 +352,21 @@ def _path_bwd_kernel(
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
-        vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, V_GATHER)
-        dp = tl.dot(do, tl.trans(_load_rows(V + hk * sv_h, vtok, vvalid, sv_t, vcol, V_GATHER)), input_precision=PREC)
+        if V_GATHER:  # the query chunk may be a sequence's last, with padding: masked rows in v's layout
+            vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, True)
+            vd = _load_rows(V + hk * sv_h, vtok, vvalid, SV_T, vcol, True)
+        else:
+            vd = tl.load(V + _v_chunk_base(TOK, hk, n, sv_h, NC, BT, DV, SV_T, V_ROWS, False) + tile_v)
+        dp = tl.dot(do, tl.trans(vd), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
-        # no sum into the padding rows of v's own layout (V_GATHER); the chunk layout's are all there
-        _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + vtok[:, None] * sdv_t + vcol[None, :],
-                    tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC), vvalid[:, None] if V_GATHER else None)
+        dv_diag = tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)
+        if V_GATHER:  # no sum into the padding rows
+            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + vtok[:, None] * SDV_T + vcol[None, :], dv_diag,
+                        vvalid[:, None])
+        else:
+            _accumulate(NO_ATOMICS, ACQ_REL,
+                        DVV + _v_chunk_base(TOK, hk, n, sdv_h, NC, BT, DV, SDV_T, V_ROWS, False) + tile_dv, dv_diag)
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)

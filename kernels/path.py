@@ -135,8 +135,9 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     gather = n_tok != NC * BT
     _path_fwd_kernel[(NC, H)](
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
-        NC, n_tok, so_t, so_h, sv_t, sv_h, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, V_GATHER=gather and v_rows,
+        NC, n_tok, so_t, so_h, sv_h, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t, V_ROWS=v_rows,
+        V_GATHER=gather and v_rows,
         # each pair's gate loaded a pair ahead (PATHLAB_PATH_FWD_GATE_AHEAD): on an H200 the gated forward took 1-4%
         # less time at 12×64, 9% less at 16×128 (benchmarks/results/kernels-h200-gate-ahead.json)
         GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True),
@@ -283,9 +284,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order, tok,
-        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_t, sv_h, sdv_t, sdv_h, scale,
-        scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, V_GATHER=gather and v_rows,
+        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_h, sdv_h, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t, SDV_T=sdv_t,
+        V_ROWS=v_rows, V_GATHER=gather and v_rows,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
