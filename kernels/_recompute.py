@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from ._layout import gather_chunks, scatter_chunks
+from ._layout import gather_chunks
 from ._mode import unwritten
 from ._triton_ut import ut_backward, ut_forward
 
@@ -132,23 +132,21 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
 
     # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
-    v_rows = v_in_token_rows(q.shape[3], v.shape[3])
+    v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     # the factors are this function's own: dq̃ and dS_d overwrite q̃ and S_d, and the UT backward consumes the
     # gradients (their memory is reused as soon as each is read)
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, into_inputs=True, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows))
     del qs, ks, m, sd, vc
-    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a, v_rows)
+    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 
 
-def _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a, v_rows):
+def _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a):
     """(dq, dk, dw, dβ, dv, dG_local) from the scan backward's outputs ``grads`` (a list the UT backward
-    consumes: the caller keeps no other reference to them). Its fp32 dV is in v's layout if ``v_rows``, else in
-    the chunk layout."""
-    dg, dv32 = grads.pop(), grads.pop(2)
+    consumes: the caller keeps no other reference to them; dV is already in v's layout)."""
+    dg, dv = grads.pop(), grads.pop(2)
     dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
-    dv = dv32.to(v.dtype) if v_rows else scatter_chunks(dv32, tokens, v.shape[0], v.shape[1], v.dtype)
     return dq, dk, dw, dbeta, dv, dg
 
 
@@ -211,7 +209,7 @@ def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, 
     from .path import _lowp, _scan_fwd_impl, v_in_token_rows
 
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
-    v_rows = v_in_token_rows(q.shape[3], v.shape[3])
+    v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
                             token_rows=(tokens, *v.shape[:2]), v_rows=v_rows)
@@ -235,12 +233,12 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, toke
                     max_chunks, block, scale, programs):
     from .path import _scan_bwd_impl, v_in_token_rows
 
-    v_rows = v_in_token_rows(q.shape[3], v.shape[3])
+    v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows))
     del vc
-    return _ut_backward_after_scan(grads, q, k, w, beta, v, tokens, block, a, v_rows)
+    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 
 
 def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,

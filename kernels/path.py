@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ._layout import build_layout, chunk_gate, from_chunks, slot_tokens, to_chunks
+from ._layout import build_layout, chunk_gate, from_chunks, scatter_chunks, slot_tokens, to_chunks
 from ._mode import interpreting, switch as _switch, unwritten
 from ._ut import ut_factors
 
@@ -149,16 +149,21 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
 V_ROWS_VALUES = ("auto", "1", "0")
 
 
-def v_in_token_rows(D: int, DV: int) -> bool:
+def v_in_token_rows(D: int, DV: int, max_chunks: int) -> bool:
     """Whether the fused routes' scan reads v and sums dV in v's own layout ``[B, T, Hkv, Dv]``
-    (``PATHLAB_PATH_V_ROWS=1``) or in a chunk copy ``[Hkv, NC, BT, Dv]`` made by the op (``0``). ``auto``
-    (default): in place at D, Dv <= 64, a copy at 128. On an H200, in place against the copy: fwd+bwd 4.25 against
-    4.45 ms at T = 512, 9.82 against 9.93 at 4096 (12×64), but 148.6 against 131.4 at T = 16384, 16×128, where a
-    tile's rows are 4 KiB apart (``benchmarks/results/kernels-h200-rows-in-place*.json``)."""
+    (``PATHLAB_PATH_V_ROWS=1``) or in a chunk copy ``[Hkv, NC, BT, Dv]`` made by the op, dV copied back (``0``).
+    ``auto`` (default): in place at D, Dv <= 64 for sequences of fewer than 64 chunks, a copy otherwise. In place
+    the scan backward takes longer (its V tiles' rows are a token row apart), the copies go. On an H200, 12×64,
+    in place against the copy in one call: fwd+bwd 3.45 and 3.46 against 3.51 and 3.51 ms at T = 512 (PaTH-FoX
+    3.74, 3.73 against 3.78, 3.78), the same at T = 4096 for PaTH (8.94, 8.96 against 8.94, 8.95) and 1% more
+    for PaTH-FoX (9.61, 9.60 against 9.51, 9.48; ``benchmarks/results/kernels-h200-v-rows2-*.json``); at
+    T = 16384, 16×128, 13% more (``kernels-h200-rows-in-place*.json``)."""
     value = os.environ.get("PATHLAB_PATH_V_ROWS") or "auto"
     if value not in V_ROWS_VALUES:
         raise ValueError(f"PATHLAB_PATH_V_ROWS must be one of {V_ROWS_VALUES}, got {value!r}")
-    return max(D, DV) <= 64 if value == "auto" else value == "1"
+    if value == "auto":
+        return max(D, DV) <= 64 and max_chunks < 64
+    return value == "1"
 
 
 def _token_rows(x):
@@ -235,9 +240,10 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
-    ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV left in fp32 for the caller, who casts it in the copy
-    back to v's layout (``_layout.scatter_chunks``). ``v_rows=True`` (with ``token_rows``): v is read, and dV
-    (fp32) summed, in v's layout ``[B, T, Hkv, Dv]``, as in :func:`_scan_fwd_impl`."""
+    ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV returned in v's layout ``[B, T, Hkv, Dv]``.
+    ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`, and dV summed
+    there too (in fp32), unless ``PATHLAB_PATH_DV_ROWS=0`` (a measurement: dV summed in the chunk layout and
+    copied back)."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
@@ -268,8 +274,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
-    dv = torch.zeros((*v.shape[:2], Hkv, DV) if v_rows else (Hkv, NC, BT, DV), **f32)
-    sdv_t, sdv_h = (Hkv * DV, DV) if v_rows else (DV, NC * BT * DV)
+    dv_rows = v_rows and _switch("PATHLAB_PATH_DV_ROWS", True)
+    dv = torch.zeros((*v.shape[:2], Hkv, DV) if dv_rows else (Hkv, NC, BT, DV), **f32)
+    sdv_t, sdv_h = (Hkv * DV, DV) if dv_rows else (DV, NC * BT * DV)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
@@ -286,7 +293,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         chunk_first, chunk_index, order, tok,
         NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_h, sdv_h, scale, scale * LOG2E,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t, SDV_T=sdv_t,
-        V_ROWS=v_rows, V_GATHER=gather and v_rows,
+        V_ROWS=v_rows, V_GATHER=gather and v_rows, DV_ROWS=dv_rows, DV_GATHER=gather and dv_rows,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
@@ -299,7 +306,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
-    return dqs, dks, dv if token_rows is not None else dv.to(v.dtype), dm, dsd, dg
+    if token_rows is not None and not dv_rows:
+        dv = scatter_chunks(dv, token_rows[0], token_rows[1], token_rows[2], v.dtype)
+    return dqs, dks, dv.to(v.dtype), dm, dsd, dg
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
