@@ -90,7 +90,7 @@ def cases(dims, GROUP=1):
                            _triton_path._path_bwd_kernel,
                            dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
                                 LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False,
-                                SV_T=D, SDV_T=D, V_ROWS=D <= 64, DV_ROWS=D <= 64),
+                                SV_T=D, V_ROWS=D <= 64),
                            warps, True)
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D, V_ROWS=D <= 64),

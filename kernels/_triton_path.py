@@ -12,14 +12,13 @@ read); (token r, head h) sits at r·s_t + h·s_h. So the same kernels serve ``[B
 (b, t) rows are evenly spaced (s_b = T·s_t), with r = b·T + t (``_layout.slot_tokens``), and contiguous
 chunk-layout tensors (s_t = row length, s_h = NC·BT·row length).
 
-Rows of v. v and dV are read and summed once per chunk *pair*, addressed by row as well, with their own strides
-(s_t, s_h): in v's layout ``[B, T, Hkv, Dv]`` (``V_ROWS``; their rows through ``TOK`` where the layout has
-padding, ``V_GATHER``) or in a chunk copy of v made by the op (``path.v_in_token_rows`` chooses). Key chunks
-m < c are whole chunks (only a sequence's last chunk has padding), so their rows are one sequence's consecutive
-tokens, found from the first, and need no mask. In place the backward's V tiles have their rows a token row
-apart: it took 0.12 ms longer at T = 512, 12×64, for 0.17 ms of copies saved, and forward+backward took 13%
-longer at T = 16384, 16×128, where the rows are 4 KiB apart (``benchmarks/results/kernels-h200-v-rows2-*.json``,
-``kernels-h200-rows-in-place*.json``).
+Rows of v. v is read once per chunk *pair*, addressed by row as well, with its own strides (s_t, s_h): in v's
+layout ``[B, T, Hkv, Dv]`` (``V_ROWS``; its rows through ``TOK`` where the layout has padding, ``V_GATHER``) or
+in a chunk copy made by the op (``path.v_in_token_rows`` chooses). Key chunks m < c are whole chunks (only a
+sequence's last chunk has padding), so their rows are one sequence's consecutive tokens, found from the first,
+and need no mask. dV is summed in the chunk layout (fp32) and copied back to v's layout by the op: summed in
+v's layout, by atomics on rows a token row apart, the backward kernel took 0.08 ms longer at T = 512, 12×64,
+than the copy it saves (``benchmarks/results/kernels-h200-dv-rows-*.json``).
 
 Forward, one program per (query chunk c, query head):
     o, l, m from the diagonal block (S_d, causal), then for key chunks m = c−1 … 0:
@@ -239,13 +238,12 @@ def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
     DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
     CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
-    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_h, sdv_h, scale, scale_log2,
+    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_h, scale, scale_log2,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
     DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, SV_T: tl.constexpr = 0,
-    SDV_T: tl.constexpr = 0, V_ROWS: tl.constexpr = False, V_GATHER: tl.constexpr = False,
-    DV_ROWS: tl.constexpr = False, DV_GATHER: tl.constexpr = False,
+    V_ROWS: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
@@ -253,8 +251,8 @@ def _path_bwd_kernel(
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
     ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
     forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V and of its gradient DVV as
-    the forward's V (``V_ROWS``, ``V_GATHER``), with strides (SV_T, sv_h), and of dV likewise (``DV_ROWS``,
-    ``DV_GATHER``; strides (SDV_T, sdv_h))."""
+    the forward's V (``V_ROWS``, ``V_GATHER``, strides (SV_T, sv_h)); its gradient DVV is summed in the chunk
+    layout."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -264,7 +262,7 @@ def _path_bwd_kernel(
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
     tile_v = rows[:, None] * SV_T + vcol[None, :]  # a whole key chunk's rows of V (and of dV) from its first
-    tile_dv = rows[:, None] * SDV_T + vcol[None, :]
+    tile_dv = rows[:, None] * DV + vcol[None, :]  # dV's rows in the chunk layout
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]
     scratch = SCRATCH + pid.to(tl.int64) * max_chunks * BT * D
@@ -328,7 +326,7 @@ def _path_bwd_kernel(
             dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
             ds = p * (dp - delta[:, None])  # ∂L/∂logit
             _accumulate(NO_ATOMICS, ACQ_REL,
-                        DVV + _v_chunk_base(TOK, hk, kn, sdv_h, NC, BT, DV, SDV_T, DV_ROWS, DV_GATHER) + tile_dv,
+                        DVV + _v_chunk_base(TOK, hk, kn, 0, NC, BT, DV, DV, False, False) + tile_dv,
                         tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
             dsg = ds.to(gradp)
             _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
@@ -365,13 +363,8 @@ def _path_bwd_kernel(
         ds = p * (dp - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
         dv_diag = tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)
-        if DV_GATHER:  # no sum into the padding rows
-            dtok, dvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, True)
-            _accumulate(NO_ATOMICS, ACQ_REL, DVV + hk * sdv_h + dtok[:, None] * SDV_T + vcol[None, :], dv_diag,
-                        dvalid[:, None])
-        else:
-            _accumulate(NO_ATOMICS, ACQ_REL,
-                        DVV + _v_chunk_base(TOK, hk, n, sdv_h, NC, BT, DV, SDV_T, DV_ROWS, False) + tile_dv, dv_diag)
+        _accumulate(NO_ATOMICS, ACQ_REL, DVV + _v_chunk_base(TOK, hk, n, 0, NC, BT, DV, DV, False, False) + tile_dv,
+                    dv_diag)
         tl.store(DQS + qrow * D + tile_d, lam)
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)

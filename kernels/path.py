@@ -150,14 +150,14 @@ V_ROWS_VALUES = ("auto", "1", "0")
 
 
 def v_in_token_rows(D: int, DV: int, max_chunks: int) -> bool:
-    """Whether the fused routes' scan reads v and sums dV in v's own layout ``[B, T, Hkv, Dv]``
-    (``PATHLAB_PATH_V_ROWS=1``) or in a chunk copy ``[Hkv, NC, BT, Dv]`` made by the op, dV copied back (``0``).
-    ``auto`` (default): in place at D, Dv <= 64 for sequences of fewer than 64 chunks, a copy otherwise. In place
-    the scan backward takes longer (its V tiles' rows are a token row apart), the copies go. On an H200, 12×64,
-    in place against the copy in one call: fwd+bwd 3.45 and 3.46 against 3.51 and 3.51 ms at T = 512 (PaTH-FoX
-    3.74, 3.73 against 3.78, 3.78), the same at T = 4096 for PaTH (8.94, 8.96 against 8.94, 8.95) and 1% more
-    for PaTH-FoX (9.61, 9.60 against 9.51, 9.48; ``benchmarks/results/kernels-h200-v-rows2-*.json``); at
-    T = 16384, 16×128, 13% more (``kernels-h200-rows-in-place*.json``)."""
+    """Whether the fused routes' scan reads v in v's own layout ``[B, T, Hkv, Dv]`` (``PATHLAB_PATH_V_ROWS=1``)
+    or in a chunk copy ``[Hkv, NC, BT, Dv]`` made by the op, twice per forward+backward (``0``). ``auto``
+    (default): in place at D, Dv <= 64 for sequences of fewer than 64 chunks, a copy otherwise. In place the scan
+    backward takes a little longer (its V tiles' rows are a token row apart) and the copies go. On an H200, 12×64,
+    in one call: fwd+bwd 3.41 and 3.41 ms at T = 512 against 3.53 and 3.51 with the copy, the same at T = 4096
+    (8.92–8.96; ``benchmarks/results/kernels-h200-dv-rows-*.json``, where dV summed in v's layout as well was the
+    slower third variant); at T = 16384, 16×128, v and dV in place took 13% longer
+    (``kernels-h200-rows-in-place*.json``)."""
     value = os.environ.get("PATHLAB_PATH_V_ROWS") or "auto"
     if value not in V_ROWS_VALUES:
         raise ValueError(f"PATHLAB_PATH_V_ROWS must be one of {V_ROWS_VALUES}, got {value!r}")
@@ -241,9 +241,10 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
     ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV returned in v's layout ``[B, T, Hkv, Dv]``.
-    ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`, and dV summed
-    there too (in fp32), unless ``PATHLAB_PATH_DV_ROWS=0`` (a measurement: dV summed in the chunk layout and
-    copied back)."""
+    ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`. dV is summed in
+    the chunk layout (in fp32) and copied back: summed in v's layout, fwd+bwd took 1.7% longer at T = 512, 12×64,
+    on an H200 (3.47 against 3.41 ms; 2.3% for PaTH-FoX; the same at T = 4096;
+    ``benchmarks/results/kernels-h200-dv-rows-*.json``)."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
@@ -274,9 +275,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
-    dv_rows = v_rows and _switch("PATHLAB_PATH_DV_ROWS", True)
-    dv = torch.zeros((*v.shape[:2], Hkv, DV) if dv_rows else (Hkv, NC, BT, DV), **f32)
-    sdv_t, sdv_h = (Hkv * DV, DV) if dv_rows else (DV, NC * BT * DV)
+    dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
     has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
@@ -291,9 +290,9 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         do, o, lse, delta,
         dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
         chunk_first, chunk_index, order, tok,
-        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_h, sdv_h, scale, scale * LOG2E,
-        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t, SDV_T=sdv_t,
-        V_ROWS=v_rows, V_GATHER=gather and v_rows, DV_ROWS=dv_rows, DV_GATHER=gather and dv_rows,
+        NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_h, scale, scale * LOG2E,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t,
+        V_ROWS=v_rows, V_GATHER=gather and v_rows,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%
@@ -306,7 +305,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         NO_ATOMICS=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "no_atomics",
         ACQ_REL=os.environ.get("PATHLAB_PATH_BWD_PROFILE") == "acq_rel_atomics",
     )
-    if token_rows is not None and not dv_rows:
+    if token_rows is not None:
         dv = scatter_chunks(dv, token_rows[0], token_rows[1], token_rows[2], v.dtype)
     return dqs, dks, dv.to(v.dtype), dm, dsd, dg
 

@@ -103,22 +103,20 @@ V_LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("v_rows, dv_rows", [("1", "1"), ("1", "0"), ("0", "1")],
-                         ids=["v-in-place", "v-in-place-dv-chunks", "v-chunk-copy"])
+@pytest.mark.parametrize("v_rows", ["1", "0"], ids=["v-in-place", "v-chunk-copy"])
 @pytest.mark.parametrize("delta", ["kernel", "pass"])
 @pytest.mark.parametrize("T,v_layout,packed", [(32, "fused-projection", None), (45, "time-slice", None),
                                                (48, "fused-projection", [16, 32])],
                          ids=["whole-chunks", "padded", "packed-whole-chunks"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"])
-def test_fused_routes_keep_o_and_do_in_place(monkeypatch, ut, T, v_layout, packed, delta, v_rows, dv_rows):
+def test_fused_routes_keep_o_and_do_in_place(monkeypatch, ut, T, v_layout, packed, delta, v_rows):
     """On the fused routes the scan writes o and reads dO in ``[B, T, H, Dv]``: the chunk layout's rows looked
     up in the token index where the layout has padding, computed where it has none (every sequence a whole number
-    of chunks, packed or not); v, not contiguous, read and dv summed in v's layout too (``PATHLAB_PATH_V_ROWS=1``,
-    the default for short sequences at D <= 64; dv summed in chunks with ``PATHLAB_PATH_DV_ROWS=0``), or copied
-    into chunks and dv back (``0``); δ formed in the kernel or before it."""
+    of chunks, packed or not); v, not contiguous, read in v's layout too (``PATHLAB_PATH_V_ROWS=1``, the default
+    for short sequences at D <= 64) or copied into chunks (``0``), dv summed in chunks and copied back; δ formed
+    in the kernel or before it."""
     monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
     monkeypatch.setenv("PATHLAB_PATH_V_ROWS", v_rows)
-    monkeypatch.setenv("PATHLAB_PATH_DV_ROWS", dv_rows)
     B = 1 if packed else 2
     q, k, v, w, beta, g = make(B, T, 4, 2, 32, 16, torch.float32, gate=True)
     v = V_LAYOUTS[v_layout](v)
