@@ -144,9 +144,8 @@ def _path_fwd_kernel(
 ):
     """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h;
     V is read in v's layout if ``V_ROWS``, (token r, kv head) at r·SV_T + hk·sv_h, its rows through ``TOK`` if
-    ``V_GATHER``, else in the chunk layout
-    (module docstring, "Rows of v"). GATE_AHEAD: each pair's gate loaded one pair ahead (module docstring, "The
-    gate")."""
+    ``V_GATHER``, else in the chunk layout (module docstring, "Rows of v"). GATE_AHEAD: each pair's gate loaded
+    one pair ahead (module docstring, "The gate")."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -220,17 +219,17 @@ def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val, mask=None):
+def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
     """ptr += val from many programs at once. The sums are read only after the kernel ends, so the atomics need
     no ordering: "relaxed" lets them retire without the memory fences of Triton's default "acq_rel"
     (``ACQ_REL`` keeps the default, for the side-by-side measurement; ``NO_ATOMICS``, for profiling only,
-    stores instead: wrong sums). ``mask``: the elements to add (all if None)."""
+    stores instead: wrong sums)."""
     if NO_ATOMICS:
-        tl.store(ptr, val, mask=mask)
+        tl.store(ptr, val)
     elif ACQ_REL:
-        tl.atomic_add(ptr, val, mask=mask)
+        tl.atomic_add(ptr, val)
     else:
-        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
+        tl.atomic_add(ptr, val, sem="relaxed")
 
 
 @triton.jit
@@ -250,9 +249,8 @@ def _path_bwd_kernel(
     (profiling only, wrong gradients) and ACQ_REL (measurement only): see :func:`_accumulate`. SNAKE: the items
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
     ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
-    forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V and of its gradient DVV as
-    the forward's V (``V_ROWS``, ``V_GATHER``, strides (SV_T, sv_h)); its gradient DVV is summed in the chunk
-    layout."""
+    forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V as in the forward
+    (``V_ROWS``, ``V_GATHER``, strides (SV_T, sv_h)); its gradient DVV is summed in the chunk layout."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -261,7 +259,7 @@ def _path_bwd_kernel(
     lowp = SCRATCH.dtype.element_ty  # q-states, k̃ and M inside the scan
     gradp = DO.dtype.element_ty  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
     tile_d = rows[:, None] * D + dcol[None, :]
-    tile_v = rows[:, None] * SV_T + vcol[None, :]  # a whole key chunk's rows of V (and of dV) from its first
+    tile_v = rows[:, None] * SV_T + vcol[None, :]  # a whole key chunk's rows of V from its first
     tile_dv = rows[:, None] * DV + vcol[None, :]  # dV's rows in the chunk layout
     tile_s = rows[:, None] * BT + rows[None, :]
     tile_dd = dcol[:, None] * D + dcol[None, :]

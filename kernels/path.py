@@ -236,8 +236,9 @@ def _delta(do, o):
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
                    programs, into_inputs=False, token_rows=None, v_rows=False):
-    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype; chunk layout). dG_local is
-    an empty tensor when there is no gate. ``programs`` = 0 picks the default number of persistent programs.
+    """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, in the chunk layout or, with
+    ``token_rows``, in v's). dG_local is an empty tensor when there is no gate. ``programs`` = 0 picks the
+    default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
     ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV returned in v's layout ``[B, T, Hkv, Dv]``.
