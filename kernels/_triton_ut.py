@@ -156,9 +156,9 @@ SUB: tl.constexpr = tl.constexpr(16)  # the inverse's block size
 
 
 @triton.jit
-def _diagonal_block_inverses(A, BT: tl.constexpr):
-    """In place: every 16×16 diagonal block of ``A [BT, BT]`` (fp32, one matrix; strictly lower N there) becomes
-    (I + N_bb)⁻¹, all blocks at once by forward substitution on a ``[BT/16, 16, 16]`` tile:
+def _diagonal_block_inverses(A, BT: tl.constexpr, SUB: tl.constexpr = SUB):
+    """In place: every 16×16 (SUB×SUB) diagonal block of ``A [BT, BT]`` (fp32, one matrix; strictly lower N there)
+    becomes (I + N_bb)⁻¹, all blocks at once by forward substitution on a ``[BT/16, 16, 16]`` tile:
     row i ← e_i − Σ_{j<i} N_ij · row j, for i = 1 … 15 (each step two reductions, exact fp32)."""
     NB: tl.constexpr = BT // SUB
     blk = tl.arange(0, NB)[:, None, None]
@@ -206,8 +206,57 @@ def _unit_lower_inverse_in_place(A, BT: tl.constexpr):
 
 
 @triton.jit
+def _product(a, b, S: tl.constexpr):
+    """a b of two S×S fp32 tiles in exact fp32 (below 16, where tl.dot does not go, by a broadcast sum)."""
+    if S < 16:
+        c = tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    else:
+        c = tl.dot(a, b, input_precision="ieee")
+    return c
+
+
+@triton.jit
+def _lower_left_blocks(A, BT: tl.constexpr, S: tl.constexpr):
+    """In place, for every 2S×2S diagonal block of ``A [BT, BT]`` whose two S×S diagonal blocks already hold their
+    inverses A_11, A_22 (and whose lower-left block still holds N_21): that block becomes
+    A_21 = −A_22 N_21 A_11, so the 2S×2S block holds its inverse. The blocks are independent (no barrier)."""
+    r = tl.arange(0, S)
+    blk = r[:, None] * BT + r[None, :]  # offsets of the S×S block at (0, 0)
+    for p in tl.static_range(BT // (2 * S)):
+        top = p * 2 * S
+        a11 = tl.load(A + blk + top * (BT + 1))
+        a22 = tl.load(A + blk + (top + S) * (BT + 1))
+        n21 = A + blk + (top + S) * BT + top
+        tl.store(n21, -_product(a22, _product(tl.load(n21), a11, S), S))
+
+
+@triton.jit
+def _unit_lower_inverse_recursive(A, BT: tl.constexpr, DIAG: tl.constexpr):
+    """In place, as :func:`_unit_lower_inverse_in_place` (exact fp32, BT a power of two from 16), by doubling:
+    the DIAG×DIAG diagonal blocks first, then each 2S×2S diagonal block from its two S×S halves,
+
+        [[A_11, 0], [A_21, A_22]] = [[I + N_11, 0], [N_21, I + N_22]]⁻¹,   A_21 = −A_22 N_21 A_11,
+
+    for S = DIAG, 2·DIAG, …, BT/2: log₂(BT/DIAG) dependent steps of two products each instead of BT/16 − 1 block
+    rows of up to BT/16 products each."""
+    _diagonal_block_inverses(A, BT, DIAG)
+    tl.debug_barrier()
+    if DIAG < 16:
+        _lower_left_blocks(A, BT, 8)
+        tl.debug_barrier()
+    if BT > 16:
+        _lower_left_blocks(A, BT, 16)
+        tl.debug_barrier()
+    if BT > 32:
+        _lower_left_blocks(A, BT, 32)
+        tl.debug_barrier()
+    if BT > 64:
+        _lower_left_blocks(A, BT, 64)
+
+
+@triton.jit
 def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-                       BT: tl.constexpr, D: tl.constexpr):
+                       BT: tl.constexpr, D: tl.constexpr, RECURSIVE: tl.constexpr = False, DIAG: tl.constexpr = 16):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32): the
     Gram matrix by a 3-pass tf32 product (fp32-level accuracy), stored, then inverted in place.
 
@@ -220,7 +269,10 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
     a = AINV + (hk * tl.num_programs(0) + n) * BT * BT
     tl.store(a + rows[:, None] * BT + rows[None, :], nmat)
     tl.debug_barrier()
-    _unit_lower_inverse_in_place(a, BT)
+    if RECURSIVE:
+        _unit_lower_inverse_recursive(a, BT, DIAG)
+    else:
+        _unit_lower_inverse_in_place(a, BT)
 
 
 @triton.jit
@@ -593,7 +645,8 @@ def _inverse(w, beta, tokens, T, BT, out=None):
     a = torch.empty((Hkv, NC, BT, BT), dtype=torch.float32, device=w.device) if out is None else out
     if NC > 0:
         _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
-                BT=BT, D=D, warps=_INVERSE_NUM_WARPS)
+                BT=BT, D=D, warps=int(os.environ.get("PATHLAB_PATH_INVERSE_WARPS") or _INVERSE_NUM_WARPS), RECURSIVE=switch("PATHLAB_PATH_INVERSE_RECURSIVE", False),
+                DIAG=int(os.environ.get("PATHLAB_PATH_INVERSE_DIAG") or 16))
     return a
 
 
