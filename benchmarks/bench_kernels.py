@@ -90,11 +90,15 @@ def rel_rms(a, b):
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
+W_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+W_DTYPE = torch.float32  # of w in every case (--w-dtype); the language model's PaTH layers pass bf16 w
+
+
 def make_inputs(B, T, H, D, *, device, dtype=torch.bfloat16, seed=0, beta_range=(0.0, 2.0)):
     gen = torch.Generator(device=device).manual_seed(seed)
     r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
     q, k, v = (r(B, T, H, D).to(dtype) for _ in range(3))
-    w = F.normalize(r(B, T, H, D), dim=-1)
+    w = F.normalize(r(B, T, H, D), dim=-1).to(W_DTYPE)
     lo, hi = beta_range
     beta = lo + (hi - lo) * torch.rand(B, T, H, device=device, generator=gen)
     g = F.logsigmoid(2.0 + r(B, T, H))  # forget gates near 0.9
@@ -581,6 +585,8 @@ def main(argv=None):
                     help="also time the deferred step and plain decoding captured in CUDA graphs (default on)")
     ap.add_argument("--check", default=",".join(PATH_METHODS + ("fla_path", "fla_path_fox")),
                     help="methods checked vs reference")
+    ap.add_argument("--w-dtype", default="fp32", choices=sorted(W_DTYPES),
+                    help="dtype of w (fp32 in the committed results before the fourteenth round; bf16 is the model's)")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
     ap.add_argument("--profile", default="",
@@ -588,6 +594,8 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=0.0,
                     help="seconds; cases that would start after this are recorded as skipped (0 = no limit)")
     args = ap.parse_args(argv)
+    global W_DTYPE
+    W_DTYPE = W_DTYPES[args.w_dtype]
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
         return 2
@@ -600,7 +608,7 @@ def main(argv=None):
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         device=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
         fla=_fla()[1] or "importable", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        pathlab_env={key: val for key, val in os.environ.items() if key.startswith("PATHLAB_")},
+        pathlab_env={key: val for key, val in os.environ.items() if key.startswith("PATHLAB_")}, w_dtype=args.w_dtype,
         correctness={}, cases=[], decode=[],
         notes="fla_path_fox gets g/scale (fla scales the gate); peak_mib = extra memory of one fwd+bwd",
     )

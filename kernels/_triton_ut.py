@@ -41,7 +41,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ._layout import slot_tokens
-from ._mode import switch, unwritten
+from ._mode import interpreting, switch, unwritten
 
 # W Wᵀ, which feeds the inverse, takes a 3-pass tf32 product (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
 # tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), and the inverse itself multiplies
@@ -115,11 +115,17 @@ def _dot(a, sa, b, sb, HALF: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
+def _load_rows_as_stored(X, tok, valid, T, s_b, s_t, dcol):
     """Rows ``[BT, D]`` of ``X[b, t, :]`` (X already offset to one head) for the chunk's flat tokens b·T + t,
-    in fp32, zeros for padding."""
+    in X's dtype, zeros for padding."""
     ptr = X + (tok // T) * s_b + (tok % T) * s_t
-    return tl.load(ptr[:, None] + dcol[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    return tl.load(ptr[:, None] + dcol[None, :], mask=valid[:, None], other=0.0)
+
+
+@triton.jit
+def _load_rows(X, tok, valid, T, s_b, s_t, dcol):
+    """As :func:`_load_rows_as_stored`, in fp32."""
+    return _load_rows_as_stored(X, tok, valid, T, s_b, s_t, dcol).to(tl.float32)
 
 
 @triton.jit
@@ -256,16 +262,25 @@ def _unit_lower_inverse_recursive(A, BT: tl.constexpr, DIAG: tl.constexpr):
 
 @triton.jit
 def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-                       BT: tl.constexpr, D: tl.constexpr, RECURSIVE: tl.constexpr = False, DIAG: tl.constexpr = 16):
+                       BT: tl.constexpr, D: tl.constexpr, RECURSIVE: tl.constexpr = False, DIAG: tl.constexpr = 16,
+                       GRAM16: tl.constexpr = False):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32): the
     Gram matrix by a 3-pass tf32 product (fp32-level accuracy), stored, then inverted in place.
 
     A kernel of its own, so that the inverse and the products of the transform never share one program's
     registers and shared memory."""
     n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
-    w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     strict = rows[:, None] > rows[None, :]
-    nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
+    if GRAM16:
+        w_raw = _load_rows_as_stored(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
+        w32 = w_raw.to(tl.float32)
+        inv_norm = 1.0 / tl.maximum(tl.sqrt(tl.sum(w32 * w32, axis=1)), 1e-12)
+        b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
+        gram = tl.dot(w_raw, tl.trans(w_raw))  # products of 16-bit numbers, exact in fp32; fp32 sums
+        nmat = tl.where(strict, (b * inv_norm)[:, None] * gram * inv_norm[None, :], 0.0)
+    else:
+        w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
+        nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
     a = AINV + (hk * tl.num_programs(0) + n) * BT * BT
     tl.store(a + rows[:, None] * BT + rows[None, :], nmat)
     tl.debug_barrier()
@@ -637,6 +652,15 @@ def split_backward(D):
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
+def _gram_on_16_bit_rows(dtype):
+    """Whether the inverse kernel forms W Wᵀ in one pass on the raw fp16/bf16 rows (their products are exact in
+    fp32; the norms scale the sums after) instead of three tf32 passes on the normalised fp32 rows
+    (``PATHLAB_PATH_INVERSE_GRAM16``: auto, 0, 1). Not for bf16 under the interpreter, whose bf16 products are
+    not exact."""
+    sixteen = dtype == torch.float16 or (dtype == torch.bfloat16 and not interpreting())
+    return switch("PATHLAB_PATH_INVERSE_GRAM16", False) and sixteen
+
+
 def _inverse(w, beta, tokens, T, BT, out=None):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of every (kv head, chunk): ``[Hkv, NC, BT, BT]`` fp32 (w already unit-last),
     into ``out`` if given (the kernel writes every element)."""
@@ -646,7 +670,7 @@ def _inverse(w, beta, tokens, T, BT, out=None):
     if NC > 0:
         _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
                 BT=BT, D=D, warps=int(os.environ.get("PATHLAB_PATH_INVERSE_WARPS") or _INVERSE_NUM_WARPS), RECURSIVE=switch("PATHLAB_PATH_INVERSE_RECURSIVE", False),
-                DIAG=int(os.environ.get("PATHLAB_PATH_INVERSE_DIAG") or 16))
+                DIAG=int(os.environ.get("PATHLAB_PATH_INVERSE_DIAG") or 16), GRAM16=_gram_on_16_bit_rows(w.dtype))
     return a
 
 
