@@ -95,11 +95,9 @@ def cases(dims, GROUP=1):
             yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D, V_ROWS=D <= 64),
                    4, True)
-        for recursive in (False, True):
-            for gram16 in (False, True):
-                for warps in (1, 2, 4):
-                    yield (f"ut_inverse D{D} recursive={recursive} gram16={gram16}", _triton_ut._ut_inverse_kernel,
-                           dict(BT=64, D=D, RECURSIVE=recursive, DIAG=16, GRAM16=gram16), warps, False)
+        for gram16 in (False, True):  # W Wᵀ by 3 tf32 passes on fp32 rows, or one pass on the bf16 rows
+            yield (f"ut_inverse D{D} gram16={gram16}", _triton_ut._ut_inverse_kernel,
+                   dict(BT=64, D=D, GRAM16=gram16), _triton_ut._INVERSE_NUM_WARPS, False)
         for half in (False, True):  # tf32 products, or fp16 on operands scaled by powers of two
             tag = " half" if half else ""
             yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),

@@ -5,7 +5,7 @@ from ``[B, T, heads, ·]`` (any strides along B, T and heads, any float dtype) t
 index (``_layout.slot_tokens``), with w normalised inside (F.normalize's w / max(‖w‖, ε)). One program per
 (kv head, chunk) gathers the chunk's W, K (``[BT, D]``) and β in fp32. The inverse kernel computes
 
-    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (by 16×16 blocks in exact fp32, see _unit_lower_inverse_in_place)
+    N  = strictLower(D_β W Wᵀ),   A = (I + N)⁻¹   (exact fp32, see _unit_lower_inverse_in_place)
 
 into an fp32 buffer ``[Hkv, NC, BT, BT]``, and the forward kernel, with products in tf32 or (by default for 16-bit
 inputs) in fp16 on operands scaled by powers of two (see PRECISION, ``_mm`` and ``half_operands``), forms
@@ -44,9 +44,10 @@ from ._layout import slot_tokens
 from ._mode import interpreting, switch, unwritten
 
 # W Wᵀ, which feeds the inverse, takes a 3-pass tf32 product (a·b ≈ a_hi b_hi + a_hi b_lo + a_lo b_hi on the
-# tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), and the inverse itself multiplies
-# 16×16 blocks in plain fp32; the other products take 1-pass tf32, the precision of the scan's own products, or
-# fp16 operands of the same significand scaled by powers of two (``_mm``).
+# tensor cores, fp32-level accuracy: the inverse must not see tf32 rounding), or for 16-bit w one pass on its
+# rows (``_gram_16_bit``: exact products, fp32 sums), and the inverse itself multiplies blocks in plain fp32;
+# the other products take 1-pass tf32, the precision of the scan's own products, or fp16 operands of the same
+# significand scaled by powers of two (``_mm``).
 # Plain "ieee" fp32 products of whole tiles compile to unrolled FMA loops (minutes of compilation for the
 # backward), and 3-pass products everywhere need more shared memory than an H200 has.
 INVERSE_PRECISION: tl.constexpr = tl.constexpr("tf32x3")
@@ -139,11 +140,17 @@ def _chunk_rows(TOK, NTOK, BT: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _load_beta(BETA, hk, tok, valid, T, sb_b, sb_t, sb_h):
+    """The chunk's β in fp32, zero for padding."""
+    return tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol):
     """The chunk's w = w_raw / max(‖w_raw‖, ε) in fp32 (F.normalize, ε = 1e-12), ‖w_raw‖ and β."""
     w_raw = _load_rows(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
     norm = tl.sqrt(tl.sum(w_raw * w_raw, axis=1))
-    b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
+    b = _load_beta(BETA, hk, tok, valid, T, sb_b, sb_t, sb_h)
     return w_raw / tl.maximum(norm, 1e-12)[:, None], norm, b
 
 
@@ -158,13 +165,13 @@ def _this_chunk(W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk
     return n, hk, rows, dcol, tok, valid, w, norm, k, b, a
 
 
-SUB: tl.constexpr = tl.constexpr(16)  # the inverse's block size
+SUB: tl.constexpr = tl.constexpr(16)  # the inverse's diagonal blocks
 
 
 @triton.jit
-def _diagonal_block_inverses(A, BT: tl.constexpr, SUB: tl.constexpr = SUB):
-    """In place: every 16×16 (SUB×SUB) diagonal block of ``A [BT, BT]`` (fp32, one matrix; strictly lower N there)
-    becomes (I + N_bb)⁻¹, all blocks at once by forward substitution on a ``[BT/16, 16, 16]`` tile:
+def _diagonal_block_inverses(A, BT: tl.constexpr):
+    """In place: every 16×16 diagonal block of ``A [BT, BT]`` (fp32, one matrix; strictly lower N there) becomes
+    (I + N_bb)⁻¹, all blocks at once by forward substitution on a ``[BT/16, 16, 16]`` tile:
     row i ← e_i − Σ_{j<i} N_ij · row j, for i = 1 … 15 (each step two reductions, exact fp32)."""
     NB: tl.constexpr = BT // SUB
     blk = tl.arange(0, NB)[:, None, None]
@@ -181,51 +188,10 @@ def _diagonal_block_inverses(A, BT: tl.constexpr, SUB: tl.constexpr = SUB):
 
 
 @triton.jit
-def _unit_lower_inverse_in_place(A, BT: tl.constexpr):
-    """In place: ``A [BT, BT]`` (fp32, row-major, one matrix) holds a strictly lower N on entry and
-    (I + N)⁻¹ on exit, in exact fp32 arithmetic (no tf32), by 16×16 blocks:
-
-        A_ii = (I + N_ii)⁻¹   (all diagonal blocks at once, forward substitution)
-        A_ij = −A_ii Σ_{k=j}^{i−1} N_ik A_kj,   j < i  (block forward substitution, j ascending)
-
-    Block (i, j) is overwritten only after the last read of N_ij (row block i needs N_ik for k ≥ j only), and a
-    barrier separates each row block's stores from the next one's reads. About BT³/3 multiply-adds in 16×16
-    products with few live registers, so several programs share a multiprocessor (the earlier full-tile form,
-    15 masked BT×BT×BT products and a series in 3-pass tf32, ran one program per multiprocessor and took 6.6×
-    as long on an H200).
-    """
-    NB: tl.constexpr = BT // SUB
-    _diagonal_block_inverses(A, BT)
-    tl.debug_barrier()
-    r = tl.arange(0, SUB)
-    blk = r[:, None] * BT + r[None, :]  # offsets of the 16×16 block at (0, 0)
-    for i in tl.static_range(1, NB):
-        a_ii = tl.load(A + blk + i * SUB * (BT + 1))
-        for j in tl.static_range(i):
-            acc = tl.zeros((SUB, SUB), tl.float32)
-            for k in tl.static_range(j, i):
-                n_ik = tl.load(A + blk + i * SUB * BT + k * SUB)
-                a_kj = tl.load(A + blk + k * SUB * BT + j * SUB)
-                acc += tl.dot(n_ik, a_kj, input_precision="ieee")
-            tl.store(A + blk + i * SUB * BT + j * SUB, -tl.dot(a_ii, acc, input_precision="ieee"))
-        tl.debug_barrier()
-
-
-@triton.jit
-def _product(a, b, S: tl.constexpr):
-    """a b of two S×S fp32 tiles in exact fp32 (below 16, where tl.dot does not go, by a broadcast sum)."""
-    if S < 16:
-        c = tl.sum(a[:, :, None] * b[None, :, :], axis=1)
-    else:
-        c = tl.dot(a, b, input_precision="ieee")
-    return c
-
-
-@triton.jit
 def _lower_left_blocks(A, BT: tl.constexpr, S: tl.constexpr):
     """In place, for every 2S×2S diagonal block of ``A [BT, BT]`` whose two S×S diagonal blocks already hold their
-    inverses A_11, A_22 (and whose lower-left block still holds N_21): that block becomes
-    A_21 = −A_22 N_21 A_11, so the 2S×2S block holds its inverse. The blocks are independent (no barrier)."""
+    inverses A_11, A_22 and whose lower-left block still holds N_21: that block becomes A_21 = −A_22 N_21 A_11
+    (exact fp32 products), so the 2S×2S block holds its inverse. The blocks are independent of each other."""
     r = tl.arange(0, S)
     blk = r[:, None] * BT + r[None, :]  # offsets of the S×S block at (0, 0)
     for p in tl.static_range(BT // (2 * S)):
@@ -233,23 +199,26 @@ def _lower_left_blocks(A, BT: tl.constexpr, S: tl.constexpr):
         a11 = tl.load(A + blk + top * (BT + 1))
         a22 = tl.load(A + blk + (top + S) * (BT + 1))
         n21 = A + blk + (top + S) * BT + top
-        tl.store(n21, -_product(a22, _product(tl.load(n21), a11, S), S))
+        n_a = tl.dot(tl.load(n21), a11, input_precision="ieee")
+        tl.store(n21, -tl.dot(a22, n_a, input_precision="ieee"))
 
 
 @triton.jit
-def _unit_lower_inverse_recursive(A, BT: tl.constexpr, DIAG: tl.constexpr):
-    """In place, as :func:`_unit_lower_inverse_in_place` (exact fp32, BT a power of two from 16), by doubling:
-    the DIAG×DIAG diagonal blocks first, then each 2S×2S diagonal block from its two S×S halves,
+def _unit_lower_inverse_in_place(A, BT: tl.constexpr):
+    """In place: ``A [BT, BT]`` (fp32, row-major, one matrix, BT a power of two from 16) holds a strictly lower N
+    on entry and (I + N)⁻¹ on exit, in exact fp32 arithmetic (no tf32), by doubling: the 16×16 diagonal blocks
+    first, then each 2S×2S diagonal block from its two S×S halves, for S = 16, 32, …, BT/2:
 
-        [[A_11, 0], [A_21, A_22]] = [[I + N_11, 0], [N_21, I + N_22]]⁻¹,   A_21 = −A_22 N_21 A_11,
+        [[I + N_11, 0], [N_21, I + N_22]]⁻¹ = [[A_11, 0], [A_21, A_22]],   A_21 = −A_22 N_21 A_11
 
-    for S = DIAG, 2·DIAG, …, BT/2: log₂(BT/DIAG) dependent steps of two products each instead of BT/16 − 1 block
-    rows of up to BT/16 products each."""
-    _diagonal_block_inverses(A, BT, DIAG)
+    That is log₂(BT/16) dependent steps of two products each (a barrier between steps: each step reads what
+    the one before wrote), about BT³/3 multiply-adds with few live registers, so several programs share a
+    multiprocessor. (Block rows in turn, A_ij = −A_ii Σ_k N_ik A_kj, took 0.29 against 0.27 ms for 6144
+    inverses on an H200, ``benchmarks/results/ut-inverse-h200-*.json``; the earlier full-tile form, 15 masked
+    BT×BT×BT products and a series in 3-pass tf32, ran one program per multiprocessor and took 6.6× as long.)
+    """
+    _diagonal_block_inverses(A, BT)
     tl.debug_barrier()
-    if DIAG < 16:
-        _lower_left_blocks(A, BT, 8)
-        tl.debug_barrier()
     if BT > 16:
         _lower_left_blocks(A, BT, 16)
         tl.debug_barrier()
@@ -261,33 +230,42 @@ def _unit_lower_inverse_recursive(A, BT: tl.constexpr, DIAG: tl.constexpr):
 
 
 @triton.jit
+def _gram_16_bit(W, hk, tok, valid, T, sw_b, sw_t, sw_h, dcol):
+    """(W_s W_sᵀ, f): the Gram matrix of the chunk's 16-bit w rows, each scaled by a power of two to a largest
+    |element| in [1, 2) (exact in bf16; in fp16 only elements below 2⁻¹⁴ of their row's largest lose bits), in one
+    pass with fp32 sums (the products of 16-bit numbers are exact in fp32), and the factors f with
+    W Wᵀ / (max(‖w_i‖, ε) max(‖w_j‖, ε)) = f_i (W_s W_sᵀ)_ij f_j, ε = 1e-12 as in F.normalize."""
+    w_raw = _load_rows_as_stored(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
+    w32 = w_raw.to(tl.float32)
+    e = tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(w32), axis=1), 1e-30)))
+    w_s = w32 * tl.exp2(-e)[:, None]
+    f = 1.0 / tl.maximum(tl.sqrt(tl.sum(w_s * w_s, axis=1)), 1e-12 * tl.exp2(-e))
+    w_h = w_s.to(w_raw.dtype)
+    return tl.dot(w_h, tl.trans(w_h)), f
+
+
+@triton.jit
 def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-                       BT: tl.constexpr, D: tl.constexpr, RECURSIVE: tl.constexpr = False, DIAG: tl.constexpr = 16,
-                       GRAM16: tl.constexpr = False):
+                       BT: tl.constexpr, D: tl.constexpr, GRAM16: tl.constexpr):
     """A = (I + strictLower(D_β W Wᵀ))⁻¹ of one (chunk, kv head) into ``AINV [Hkv, NC, BT, BT]`` (fp32): the
-    Gram matrix by a 3-pass tf32 product (fp32-level accuracy), stored, then inverted in place.
+    Gram matrix at fp32-level accuracy (``GRAM16``: one pass on 16-bit rows, ``_gram_16_bit``; else a 3-pass
+    tf32 product of the normalised fp32 rows), stored, then inverted in place.
 
     A kernel of its own, so that the inverse and the products of the transform never share one program's
     registers and shared memory."""
     n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
     strict = rows[:, None] > rows[None, :]
     if GRAM16:
-        w_raw = _load_rows_as_stored(W + hk * sw_h, tok, valid, T, sw_b, sw_t, dcol)
-        w32 = w_raw.to(tl.float32)
-        inv_norm = 1.0 / tl.maximum(tl.sqrt(tl.sum(w32 * w32, axis=1)), 1e-12)
-        b = tl.load(BETA + (tok // T) * sb_b + (tok % T) * sb_t + hk * sb_h, mask=valid, other=0.0).to(tl.float32)
-        gram = tl.dot(w_raw, tl.trans(w_raw))  # products of 16-bit numbers, exact in fp32; fp32 sums
-        nmat = tl.where(strict, (b * inv_norm)[:, None] * gram * inv_norm[None, :], 0.0)
+        gram, f = _gram_16_bit(W, hk, tok, valid, T, sw_b, sw_t, sw_h, dcol)
+        b = _load_beta(BETA, hk, tok, valid, T, sb_b, sb_t, sb_h)
+        nmat = tl.where(strict, (b * f)[:, None] * gram * f[None, :], 0.0)
     else:
         w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
         nmat = tl.where(strict, b[:, None] * tl.dot(w, tl.trans(w), input_precision=INVERSE_PRECISION), 0.0)
     a = AINV + (hk * tl.num_programs(0) + n) * BT * BT
     tl.store(a + rows[:, None] * BT + rows[None, :], nmat)
     tl.debug_barrier()
-    if RECURSIVE:
-        _unit_lower_inverse_recursive(a, BT, DIAG)
-    else:
-        _unit_lower_inverse_in_place(a, BT)
+    _unit_lower_inverse_in_place(a, BT)
 
 
 @triton.jit
@@ -652,13 +630,15 @@ def split_backward(D):
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
-def _gram_on_16_bit_rows(dtype):
-    """Whether the inverse kernel forms W Wᵀ in one pass on the raw fp16/bf16 rows (their products are exact in
-    fp32; the norms scale the sums after) instead of three tf32 passes on the normalised fp32 rows
-    (``PATHLAB_PATH_INVERSE_GRAM16``: auto, 0, 1). Not for bf16 under the interpreter, whose bf16 products are
-    not exact."""
+def gram_on_16_bit_rows(dtype):
+    """Whether the inverse kernel forms W Wᵀ in one pass on the fp16/bf16 rows of w (``_gram_16_bit``: their
+    products are exact in fp32; the norms scale the sums after) instead of three tf32 passes on the normalised
+    fp32 rows (``PATHLAB_PATH_INVERSE_GRAM16``: auto = for 16-bit w, 0, 1). Not for bf16 under the interpreter,
+    whose bf16 products are not exact. On an H200 with bf16 w (T = 512, B = 64, 12×64) the kernel took 0.18
+    against 0.32 ms: 16 instead of 64 KiB of shared memory, so more programs share a multiprocessor
+    (``benchmarks/results/kernels-h200-inverse-gram16-*.json``)."""
     sixteen = dtype == torch.float16 or (dtype == torch.bfloat16 and not interpreting())
-    return switch("PATHLAB_PATH_INVERSE_GRAM16", False) and sixteen
+    return switch("PATHLAB_PATH_INVERSE_GRAM16", True) and sixteen
 
 
 def _inverse(w, beta, tokens, T, BT, out=None):
@@ -669,8 +649,7 @@ def _inverse(w, beta, tokens, T, BT, out=None):
     a = torch.empty((Hkv, NC, BT, BT), dtype=torch.float32, device=w.device) if out is None else out
     if NC > 0:
         _launch(_ut_inverse_kernel, (NC, Hkv), w, beta, tokens, a, T, B * T, *w.stride()[:3], *beta.stride(),
-                BT=BT, D=D, warps=int(os.environ.get("PATHLAB_PATH_INVERSE_WARPS") or _INVERSE_NUM_WARPS), RECURSIVE=switch("PATHLAB_PATH_INVERSE_RECURSIVE", False),
-                DIAG=int(os.environ.get("PATHLAB_PATH_INVERSE_DIAG") or 16), GRAM16=_gram_on_16_bit_rows(w.dtype))
+                BT=BT, D=D, warps=_INVERSE_NUM_WARPS, GRAM16=gram_on_16_bit_rows(w.dtype))
     return a
 
 

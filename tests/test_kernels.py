@@ -29,11 +29,11 @@ def rel_rms(a, b, floor=1e-2):
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(floor))
 
 
-def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True):
+def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True, w_dtype=torch.float32):
     q = torch.randn(B, T, H, D).to(dtype)
     k = torch.randn(B, T, Hkv, D).to(dtype)
     v = torch.randn(B, T, Hkv, DV).to(dtype)
-    w = torch.randn(B, T, Hkv, D)
+    w = torch.randn(B, T, Hkv, D).to(w_dtype)
     lo, hi = beta_range
     beta = lo + (hi - lo) * torch.rand(B, T, Hkv)
     g = torch.nn.functional.logsigmoid(1.0 + torch.randn(B, T, H)) if gate else None
@@ -93,6 +93,14 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
     """The whole kernel with the UT transform in Triton (``ut="triton"``) instead of PyTorch ops."""
     inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
     compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block, ut="triton")
+
+
+@pytest.mark.parametrize("ut", ["triton", "triton_saved"])
+def test_fused_ut_transform_with_16_bit_w(ut):
+    """w in fp16 (the language model passes w in its autocast dtype): the inverse kernel forms W Wᵀ in one pass
+    on the 16-bit rows (``_triton_ut.gram_on_16_bit_rows``), β near 2."""
+    inputs = make(1, 100, 2, 2, 32, 32, torch.float16, beta_range=(1.9, 2.0), w_dtype=torch.float16)
+    compare(inputs, tol=5e-3, block_size=32, ut=ut)
 
 
 V_LAYOUTS = {

@@ -26,11 +26,11 @@ def _nan_filled_outputs(monkeypatch):
     monkeypatch.setenv("PATHLAB_DEBUG", "1")
 
 
-def inputs(B, T, H, Hkv, D, *, beta_range=(1.5, 2.0), gate=True, seed=0):
+def inputs(B, T, H, Hkv, D, *, beta_range=(1.5, 2.0), gate=True, seed=0, w_dtype=torch.float32):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
     q, k, v = r(B, T, H, D).bfloat16(), r(B, T, Hkv, D).bfloat16(), r(B, T, Hkv, D).bfloat16()
-    w = r(B, T, Hkv, D)
+    w = r(B, T, Hkv, D).to(w_dtype)
     lo, hi = beta_range
     beta = lo + (hi - lo) * torch.rand(B, T, Hkv, device="cuda", generator=gen)
     g = F.logsigmoid(3.0 + r(B, T, H)) if gate else None
@@ -43,11 +43,11 @@ def grads_of(fn, leaves, do):
     return [o.detach()] + [x.detach() for x in torch.autograd.grad(o, leaves, do)]
 
 
-def bf16_case(T, H, Hkv, D, gate):
-    """bf16 leaves (q, k, v, w, β[, g]) for B = 1, an output gradient, and the Triton op on them."""
+def bf16_case(T, H, Hkv, D, gate, w_dtype=torch.float32):
+    """Leaves (q, k, v bf16, w in ``w_dtype``, β[, g] fp32) for B = 1, an output gradient, and the Triton op."""
     import pathlab
 
-    q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate)
+    q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate, w_dtype=w_dtype)
     leaves = [q, k, v, w, beta] + ([g] if gate else [])
     do = torch.randn(1, T, H, D, device="cuda").bfloat16()
 
@@ -73,6 +73,36 @@ def test_bf16_small_head_dims(D, gate, ut, monkeypatch):
     """Head dims 16 and 32 (a small model's, e.g. width 64 with 2 heads) compile to other tiles than 64 and 128."""
     monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     _check_bf16_against_oracle(300, "reference", gate, f"ut={ut} D={D}", D=D)
+
+
+@pytest.mark.parametrize("T,D", [(300, 64), (4096, 64), (4096, 128)], ids=["T300-D64", "T4096-D64", "T4096-D128"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_w_as_the_model_passes_it(T, D, gate):
+    """w in bf16, as the language model's PaTH layers pass it: the inverse kernel forms W Wᵀ in one pass on the
+    bf16 rows (``_triton_ut.gram_on_16_bit_rows``); the other tests pass fp32 w, which takes the 3-pass route."""
+    _check_bf16_against_oracle(T, "reference" if T <= 300 else "torch", gate, f"w=bf16 D={D}", D=D,
+                               w_dtype=torch.bfloat16)
+
+
+def test_inverse_on_bf16_rows_of_any_scale():
+    """The inverse kernel's one-pass Gram product on bf16 rows scales each row by a power of two first, so rows
+    from 1e-30 to 1e30 (and zero rows) give the fp64 inverse at fp32 accuracy; unscaled, their products would
+    leave fp32's range. (Under the interpreter, whose bf16 products are wrong, this runs only on a GPU.)"""
+    from pathlab.kernels import _triton_ut
+    from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks
+
+    T, BT = 300, 64
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    scales = torch.tensor([1e-30, 1e-3, 1.0, 1e30, 0.0], device="cuda").repeat(T)[:T, None, None]
+    w = (torch.randn(1, T, 2, 64, device="cuda", generator=gen) * scales).bfloat16()
+    beta = 1.9 + 0.1 * torch.rand(1, T, 2, device="cuda", generator=gen)
+    assert _triton_ut.gram_on_16_bit_rows(w.dtype)
+    layout = build_layout(1, T, BT, "cuda")
+    got = _triton_ut._inverse(w, beta, slot_tokens(layout, 1, T), T, BT)
+    wc = to_chunks(F.normalize(w.double(), dim=-1), layout)
+    lower = torch.eye(BT, dtype=torch.float64, device="cuda") + (
+        to_chunks(beta.double(), layout)[..., :, None] * (wc @ wc.transpose(-1, -2))).tril(-1)
+    assert rel_rms(got, torch.linalg.inv(lower)) < 1e-6
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
@@ -114,12 +144,12 @@ def test_recomputing_backward_in_head_groups(monkeypatch):
     assert peaks["256"] < 0.8 * peaks["0"], peaks
 
 
-def _check_bf16_against_oracle(T, oracle, gate, label, D=64):
+def _check_bf16_against_oracle(T, oracle, gate, label, D=64, w_dtype=torch.float32):
     import pathlab
     from pathlab.reference import path_attention as reference
 
     H, Hkv = (4, 2) if T <= 4096 else (2, 1)
-    leaves, do, fast = bf16_case(T, H, Hkv, D, gate)
+    leaves, do, fast = bf16_case(T, H, Hkv, D, gate, w_dtype)
 
     def slow(*xs):
         xs = [x.double() for x in xs]

@@ -401,23 +401,45 @@ def test_inverse_gradient_steps_script_is_right_under_the_interpreter(tmp_path):
 
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("beta_range", [(0.0, 0.05), (1.9, 2.0)], ids=["beta0", "beta2"])
-def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range):
-    """``_ut_inverse_kernel`` (16×16 blocks, in place) against an fp64 inverse of I + strictLower(D_β W Wᵀ), on a
-    buffer pre-filled with NaN, with the last chunk padded: fp32 accuracy, every element written."""
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16], ids=["w32", "w16"])
+def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range, w_dtype):
+    """``_ut_inverse_kernel`` (16×16 blocks, then doubling, in place) against an fp64 inverse of
+    I + strictLower(D_β W Wᵀ), on a buffer pre-filled with NaN, with the last chunk padded: fp32 accuracy, every
+    element written. fp16 w takes the one-pass Gram product on its rows, here with rows of very different
+    scales (1e-6 to 300, and zero rows)."""
     from pathlab.kernels import _triton_ut
 
     T = 2 * block + 7
     _, _, w, beta = token_inputs(1, T, 2, 2, 32, beta_range, seed=block)
-    wn = torch.nn.functional.normalize(w, dim=-1)
+    if w_dtype == torch.float16:
+        w = (w * torch.tensor([1e-6, 1e-3, 1.0, 300.0, 0.0]).repeat(T)[:T, None, None]).half()
+        assert _triton_ut.gram_on_16_bit_rows(w.dtype)
+    wn = torch.nn.functional.normalize(w.double(), dim=-1)
     layout = build_layout(1, T, block, "cpu")
     got = torch.full((2, 3, block, block), float("nan"))
-    _triton_ut._inverse(wn, beta, slot_tokens(layout, 1, T), T, block, out=got)
-    wc, bc = to_chunks(wn.double(), layout), to_chunks(beta.double(), layout)
+    _triton_ut._inverse(w, beta, slot_tokens(layout, 1, T), T, block, out=got)
+    wc, bc = to_chunks(wn, layout), to_chunks(beta.double(), layout)
     lower = torch.eye(block, dtype=torch.float64) + (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).tril(-1)
     want = torch.linalg.inv(lower)
     assert not torch.isnan(got).any()
     assert rel_rms(got, want) < 1e-6, rel_rms(got, want)
     assert torch.equal(got.triu(1), torch.zeros_like(got))
+
+
+def test_gram_on_16_bit_rows_policy(monkeypatch):
+    """The one-pass Gram product for fp16 w, and for bf16 w on a GPU (not under the interpreter, whose bf16
+    products are not exact); fp32 w keeps the 3-pass product; PATHLAB_PATH_INVERSE_GRAM16=0 turns it off."""
+    from pathlab.kernels._triton_ut import gram_on_16_bit_rows
+
+    assert gram_on_16_bit_rows(torch.float16) and not gram_on_16_bit_rows(torch.float32)
+    assert not gram_on_16_bit_rows(torch.bfloat16)  # these tests run under the interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert gram_on_16_bit_rows(torch.bfloat16)
+    monkeypatch.setenv("PATHLAB_PATH_INVERSE_GRAM16", "0")
+    assert not gram_on_16_bit_rows(torch.bfloat16) and not gram_on_16_bit_rows(torch.float16)
+    monkeypatch.setenv("PATHLAB_PATH_INVERSE_GRAM16", "maybe")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_INVERSE_GRAM16"):
+        gram_on_16_bit_rows(torch.float16)
 
 
 def test_output_buffers_are_nan_under_the_interpreter_or_debug_and_unfilled_otherwise(monkeypatch):
