@@ -634,9 +634,10 @@ def gram_on_16_bit_rows(dtype):
     """Whether the inverse kernel forms W Wᵀ in one pass on the fp16/bf16 rows of w (``_gram_16_bit``: their
     products are exact in fp32; the norms scale the sums after) instead of three tf32 passes on the normalised
     fp32 rows (``PATHLAB_PATH_INVERSE_GRAM16``: auto = for 16-bit w, 0, 1). Not for bf16 under the interpreter,
-    whose bf16 products are not exact. On an H200 with bf16 w (T = 512, B = 64, 12×64) the kernel took 0.18
-    against 0.32 ms: 16 instead of 64 KiB of shared memory, so more programs share a multiprocessor
-    (``benchmarks/results/kernels-h200-inverse-gram16-*.json``)."""
+    whose bf16 products are not exact. It takes 16 instead of 64 KiB of shared memory at D = 64 (128 KiB at
+    D = 128; Triton 3.6, ``benchmarks/results/kernel-resources-sm90-triton36-inverse-f707d2d.json``), so more
+    programs share a multiprocessor: on an H200 with bf16 w (T = 512, B = 64, 12×64) the kernel took 0.18
+    against 0.32 ms (``kernels-h200-inverse-gram16-1-7a83877.json``, before the rows were scaled)."""
     sixteen = dtype == torch.float16 or (dtype == torch.bfloat16 and not interpreting())
     return switch("PATHLAB_PATH_INVERSE_GRAM16", True) and sixteen
 
