@@ -105,6 +105,38 @@ def test_inverse_on_bf16_rows_of_any_scale():
     assert rel_rms(got, torch.linalg.inv(lower)) < 1e-6
 
 
+@pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
+def test_inputs_addressed_beyond_2_31_elements(ut, monkeypatch):
+    """64-bit offsets: q, k, v, w as views into one buffer whose second sequence starts 2³¹ elements in (8.6 GB of
+    bf16) give the output and gradients of the same inputs copied to small contiguous tensors. The kernels read
+    q, k, w, β (and v, at this length) where they lie, so a 32-bit offset would read the wrong rows or fault."""
+    import pathlab
+
+    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
+    B, T, H, D = 2, 300, 4, 64
+    n = T * H * D
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    buf = torch.empty(B, 2**31 + 4 * n, device="cuda", dtype=torch.bfloat16)
+    for b in range(B):
+        buf[b, :4 * n] = torch.randn(4 * n, device="cuda", generator=gen).bfloat16()
+    far = [buf[:, i * n:(i + 1) * n].view(B, T, H, D) for i in range(4)]  # q, k, v, w
+    assert far[0].stride(0) > 2**31 and far[0][1].data_ptr() - buf.data_ptr() >= 2**31 * buf.element_size()
+    beta = 0.5 + torch.rand(B, T, H, device="cuda", generator=gen)
+    do = torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
+
+    def run(xs):
+        leaves = [x.detach().requires_grad_() for x in xs] + [beta.detach().requires_grad_()]
+        o = pathlab.path_attention(*leaves, None, backend="triton")
+        return [o.detach()] + [g.detach() for g in torch.autograd.grad(o, leaves, do)]
+
+    got = run(far)
+    want = run([x.contiguous() for x in far])
+    del buf, far
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dw", "dbeta"], got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_rms(a, b) <= 1e-3, f"{name}: {rel_rms(a, b):.3g}"
+
+
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
     """The backward's λ products on tf32 operands (the default is bf16 on a GPU)."""

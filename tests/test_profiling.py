@@ -178,7 +178,8 @@ def test_fused_ut_route_keeps_what_sdpa_keeps_for_the_backward():
 def test_kernel_resources_builds_for_sm90_without_a_gpu(tmp_path):
     """``benchmarks/kernel_resources.py`` compiles kernels for an H200 on this CPU machine (in a process without
     the interpreter) and reads ptxas's registers and spills and the PTX's instruction counts: the inverse kernel
-    at D = 16 multiplies 16×16 blocks with ``mma.sync``, synchronises between its row blocks, has no atomics."""
+    at D = 16 multiplies with ``mma.sync`` (fewer with the one-pass Gram product on 16-bit rows), synchronises
+    between its doubling steps, has no atomics."""
     import json
     import subprocess
     import sys
@@ -191,10 +192,15 @@ def test_kernel_resources_builds_for_sm90_without_a_gpu(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["target"] == "cuda sm_90" and "--only ut_inverse" in result["command"]
-    (row,) = result["rows"]
-    assert row["kernel"] == "ut_inverse D16" and "error" not in row, row
-    assert 0 < row["registers"] <= 255 and row["spill_store_bytes"] is not None
-    assert row["shared_bytes"] > 0 and row["mma_sync"] > 0 and row["bar_sync"] >= 3 and row["red"] == row["atom"] == 0
+    rows = {row["kernel"]: row for row in result["rows"]}
+    assert set(rows) == {"ut_inverse D16 gram16=False", "ut_inverse D16 gram16=True"}, list(rows)
+    for row in rows.values():
+        assert "error" not in row, row
+        assert 0 < row["registers"] <= 255 and row["spill_store_bytes"] is not None
+        assert row["shared_bytes"] > 0 and row["mma_sync"] > 0 and row["bar_sync"] >= 3
+        assert row["red"] == row["atom"] == 0
+    # one tensor-core pass on the 16-bit rows instead of three on fp32 ones
+    assert rows["ut_inverse D16 gram16=True"]["mma_sync"] < rows["ut_inverse D16 gram16=False"]["mma_sync"]
 
 
 def test_ncu_top_stalls_ranks_instructions_by_stall_samples(tmp_path):
