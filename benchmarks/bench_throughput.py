@@ -115,7 +115,8 @@ def throughput(variant: str, args, ctx: distributed.DistContext) -> dict:
         loss = step()
     sync_all()
     elapsed = time.perf_counter() - t0
-    profile = time_by_kernel(step, args.profile_steps, device) if args.profile_steps else None
+    profile = (time_by_kernel(step, args.profile_steps, device, top=args.profile_top or 10**9)
+               if args.profile_steps else None)
     loss = float(ctx.all_reduce_mean(loss.float()))
     out = {
         "variant": variant, "processes": ctx.world_size,
@@ -274,6 +275,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after timing, profile this many steps and record the device time per kernel")
+    p.add_argument("--profile-top", type=int, default=30,
+                   help="record this many kernels of the profile, the longest first (0: all)")
     p.add_argument("--out", default="benchmarks/results/throughput-h200.json")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=768)
