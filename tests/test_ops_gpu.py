@@ -103,3 +103,24 @@ def test_rotation_kernel_matches_the_pytorch_rotation(variant, rotate_values, mo
     for name, a, b, r in zip(("o", "dq", "dk", "dv"), fast, slow, ref):
         assert rel_err(a, b) < 1e-2, f"{name}: kernel vs PyTorch {rel_err(a, b):.2e}"
         assert rel_err(a, r) < 2e-2, f"{name}: kernel vs fp64 {rel_err(a, r):.2e}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 8e-3)], ids=["fp32", "bf16"])
+def test_short_conv_op_matches_the_fp64_expression(dtype, tol):
+    """PaTH's short convolution on CUDA (the op ``pathlab::short_conv_silu``, which :func:`causal_conv_silu` takes
+    there) against the PyTorch expression in fp64: steps and channels that are not multiples of the kernels'
+    blocks, x a slice of a wider projection. bf16 rounds y and dx (2⁻⁹ relative); d taps are fp32 sums."""
+    from pathlab.ops.short_conv import causal_conv_silu, conv_silu_expression
+
+    gen = torch.Generator().manual_seed(7)
+    x = (2 * torch.randn(3, 517, 773, generator=gen)).cuda().to(dtype)[..., 1:771].requires_grad_()
+    taps = torch.randn(770, 3, generator=gen).cuda().requires_grad_()
+    dy = torch.randn(3, 517, 770, generator=gen).cuda().to(dtype)
+    x64, taps64 = (t.detach().double().requires_grad_() for t in (x, taps))
+    y64 = conv_silu_expression(x64, taps64)
+    want = [y64, *torch.autograd.grad(y64, (x64, taps64), dy.double())]
+    y = causal_conv_silu(x, taps)
+    got = [y, *torch.autograd.grad(y, (x, taps), dy)]
+    assert "pathlab_short_conv_silu" in y.grad_fn.name()  # the op, not the expression
+    for name, a, b, t in zip(("y", "dx", "dtaps"), got, want, (tol, tol, 1e-5)):
+        assert rel_err(a, b) < t, name

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pathlab import reference
 from pathlab.attention.base import PositionalAttention
 from pathlab.attention.fox import ForgetGate
 from pathlab.ops.path import BACKENDS, path_attention
+from pathlab.ops.short_conv import causal_conv_silu
 
 
 @dataclass
@@ -62,19 +62,9 @@ class PaTH(PositionalAttention):
         """Causal depthwise convolution + SiLU over time: ``[B, T, kv_dim]`` -> same; ``tail`` holds the
         preceding ``conv_size − 1`` inputs (zeros at the start of a sequence).
 
-        out_t = silu(Σ_k x_{t−K+1+k} ⊙ f_k), f = ``w_conv [C, K]``, summed in fp32 (at least) as K shifted
-        products: one elementwise kernel under ``torch.compile`` (``F.conv1d`` with ``groups=C`` ran as a generic
-        depthwise kernel, 7.7 ms of an ``owt16`` training step on an H200)."""
-        B, T, C = w_pre.shape
-        if tail is None:
-            tail = w_pre.new_zeros(B, self.conv_size - 1, C)
-        work = torch.promote_types(w_pre.dtype, torch.float32)
-        window = torch.cat((tail.to(w_pre.dtype), w_pre), dim=1).to(work)  # [B, T + K − 1, C]
-        taps = self.w_conv.to(work)  # [C, K]
-        out = window[:, :T] * taps[:, 0]
-        for k in range(1, self.conv_size):
-            out = out + window[:, k:k + T] * taps[:, k]
-        return F.silu(out).to(w_pre.dtype)
+        out_t = silu(Σ_k x_{t−K+1+k} ⊙ f_k), f = ``w_conv [C, K]``, summed in fp32 at least
+        (:func:`pathlab.ops.short_conv.causal_conv_silu`: on CUDA the op ``pathlab::short_conv_silu``)."""
+        return causal_conv_silu(w_pre, self.w_conv, tail)
 
     def path_inputs(self, x, *, conv_tail=None):
         """(w ``[B, T, Hkv, D]`` unnormalised, β ``[B, T, Hkv]`` fp32, g ``[B, T, H]`` fp32 or None)."""

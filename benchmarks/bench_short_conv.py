@@ -1,0 +1,74 @@
+"""PaTH's short convolution with SiLU alone: the op ``pathlab::short_conv_silu`` against the PyTorch expression
+under ``torch.compile`` (what the model ran before the op), forward and forward+backward, side by side.
+
+At the ``owt16`` shape by default (x ``[64, 512, 768]`` in bf16, as the w projection gives it under autocast;
+taps ``[768, 3]`` fp32), medians of ``triton.testing.do_bench`` in ms, the two routes alternating ``--rounds``
+times; also each route's relative error against the fp64 expression on y, dx and d taps.
+
+    python benchmarks/bench_short_conv.py --out short-conv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+
+def routes():
+    """{name: f(x, taps) -> y}: the op, and the PyTorch expression compiled."""
+    from pathlab.ops.short_conv import conv_silu_expression, short_conv_silu
+
+    return {"op": short_conv_silu, "compiled_expression": torch.compile(conv_silu_expression, fullgraph=True)}
+
+
+def errors(fn, x, taps, dy):
+    from pathlab.ops.short_conv import conv_silu_expression
+    from pathlab.testing import rel_err
+
+    x64, t64 = (t.detach().double().requires_grad_() for t in (x, taps))
+    y64 = conv_silu_expression(x64, t64)
+    want = [y64, *torch.autograd.grad(y64, (x64, t64), dy.double())]
+    y = fn(x, taps)
+    got = [y, *torch.autograd.grad(y, (x, taps), dy)]
+    return {name: rel_err(a, b) for name, a, b in zip(("y", "dx", "dtaps"), got, want)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="64,512,768,3", help="B,T,C,K")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    from triton.testing import do_bench
+
+    B, T, C, K = (int(s) for s in args.shape.split(","))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, T, C, device="cuda", generator=gen).to(dtype).requires_grad_()
+    taps = (torch.randn(C, K, device="cuda", generator=gen) * K**-0.5).requires_grad_()
+    dy = torch.randn(B, T, C, device="cuda", generator=gen).to(dtype)
+    fns = routes()
+    result = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shape": [B, T, C, K],
+              "dtype": args.dtype, "errors": {name: errors(fn, x, taps, dy) for name, fn in fns.items()}, "rounds": []}
+    for _ in range(args.rounds):
+        row = {}
+        for name, fn in fns.items():
+            fwd = do_bench(lambda: fn(x, taps), warmup=25, rep=100)
+            fwd_bwd = do_bench(lambda: torch.autograd.grad(fn(x, taps), (x, taps), dy), warmup=25, rep=100)
+            row[name] = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd}
+        result["rounds"].append(row)
+        print(json.dumps(row))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
