@@ -2,8 +2,10 @@
 under ``torch.compile`` (what the model ran before the op), forward and forward+backward, side by side.
 
 At the ``owt16`` shape by default (x ``[64, 512, 768]`` in bf16, as the w projection gives it under autocast;
-taps ``[768, 3]`` fp32), medians of ``triton.testing.do_bench`` in ms, the two routes alternating ``--rounds``
-times; also each route's relative error against the fp64 expression on y, dx and d taps.
+taps ``[768, 3]`` fp32): the device time of a forward and of a forward+backward in ms, summed over the kernels
+they launch (``pathlab.profiling.time_by_kernel``, 20 calls; the wall time of a call this short is the host's),
+and the kernels, the two routes alternating ``--rounds`` times; also each route's relative error against the
+fp64 expression on y, dx and d taps.
 
     python benchmarks/bench_short_conv.py --out short-conv.json
 """
@@ -45,7 +47,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from triton.testing import do_bench
+    from pathlab.profiling import time_by_kernel
 
     B, T, C, K = (int(s) for s in args.shape.split(","))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -61,11 +63,12 @@ def main(argv=None):
     for _ in range(args.rounds):
         row = {}
         for name, fn in fns.items():
-            fwd = do_bench(lambda: fn(x, taps), warmup=25, rep=100)
-            fwd_bwd = do_bench(lambda: torch.autograd.grad(fn(x, taps), (x, taps), dy), warmup=25, rep=100)
-            row[name] = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd}
+            fwd = time_by_kernel(lambda: fn(x, taps), 20, "cuda", top=20)
+            fwd_bwd = time_by_kernel(lambda: torch.autograd.grad(fn(x, taps), (x, taps), dy), 20, "cuda", top=20)
+            row[name] = {"fwd_ms": fwd["ms_per_call"], "fwd_bwd_ms": fwd_bwd["ms_per_call"],
+                         "fwd_bwd_kernels": fwd_bwd["kernels"]}
         result["rounds"].append(row)
-        print(json.dumps(row))
+        print(json.dumps({name: {k: round(v, 4) for k, v in r.items() if k.endswith("_ms")} for name, r in row.items()}))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
