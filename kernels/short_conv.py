@@ -18,14 +18,29 @@ result does not depend on the order in which programs finish).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-# [16, 128] tiles at 4 warps: with 64 steps a tile the backward, which holds x and dy at several shifts, spilled
-# 9 KB of registers when built by Triton 3.6 for sm_90 (190 registers and none spilled at 16)
-BLOCK_T = 16
-BLOCK_C = 128
+from ._mode import unwritten
+
+# (steps, channels, warps) of a program's tile. With 64 steps a tile the backward, which holds x and dy at
+# several shifts, spilled 9 KB of registers when built by Triton 3.6 for sm_90; at 16 it took 190 registers and
+# no spills, but two programs a multiprocessor left it waiting on memory (0.26 ms at [64, 512, 768] against the
+# forward's 0.033). ``PATHLAB_SHORT_CONV_TILE="steps,channels,warps"`` overrides it, for measurements.
+TILE = (16, 128, 4)
+
+
+def _tile():
+    env = os.environ.get("PATHLAB_SHORT_CONV_TILE")
+    if not env:
+        return TILE
+    tile = tuple(int(x) for x in env.split(","))
+    if len(tile) != 3 or any(x < 1 or x & (x - 1) for x in tile):
+        raise ValueError(f"PATHLAB_SHORT_CONV_TILE must be three powers of two 'steps,channels,warps', got {env!r}")
+    return tile
 
 
 @triton.jit
@@ -100,18 +115,16 @@ def _short_conv_silu_bwd_kernel(X, F, DY, DX, DF, T, C, sx_b, sx_t, sdy_b, sdy_t
         tl.store(df + k, tl.sum(g * _shifted(x, t - (K - 1) + k, c, live_c, T, sx_t), axis=0), mask=live_c)
 
 
-def _grid(B, T, C):
-    return (B * triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
-
-
 def short_conv_silu_launch(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """y = silu(causal depthwise conv(x, taps)); x ``[B, T, C]`` with unit channel stride, taps ``[C, K]``
     contiguous. Returns a contiguous y of x's dtype."""
     B, T, C = x.shape
-    y = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
+    y = unwritten((B, T, C), dtype=x.dtype, device=x.device)
+    block_t, block_c, warps = _tile()
     if y.numel():
-        _short_conv_silu_fwd_kernel[_grid(B, T, C)](x, taps, y, T, C, x.stride(0), x.stride(1), K=taps.shape[1],
-                                                    BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
+        _short_conv_silu_fwd_kernel[(B * triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
+            x, taps, y, T, C, x.stride(0), x.stride(1), K=taps.shape[1], BLOCK_T=block_t, BLOCK_C=block_c,
+            num_warps=warps)
     return y
 
 
@@ -120,10 +133,11 @@ def short_conv_silu_backward_launch(x: torch.Tensor, taps: torch.Tensor, dy: tor
     dy with unit channel stride, taps contiguous."""
     B, T, C = x.shape
     K = taps.shape[1]
-    dx = torch.empty((B, T, C), dtype=x.dtype, device=x.device)
-    grid = _grid(B, T, C)
-    parts = torch.empty((grid[0], C, K), dtype=torch.float32, device=x.device)
+    block_t, block_c, warps = _tile()
+    grid = (B * triton.cdiv(T, block_t), triton.cdiv(C, block_c))
+    dx = unwritten((B, T, C), dtype=x.dtype, device=x.device)
+    parts = unwritten((grid[0], C, K), dtype=torch.float32, device=x.device)
     if dx.numel():
         _short_conv_silu_bwd_kernel[grid](x, taps, dy, dx, parts, T, C, x.stride(0), x.stride(1), dy.stride(0),
-                                          dy.stride(1), K=K, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
+                                          dy.stride(1), K=K, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps)
     return dx, parts.sum(0)

@@ -160,3 +160,24 @@ def test_environment_variable_chooses_the_cuda_convolution():
     assert run_python(code).stdout.strip() == os.environ.get("PATHLAB_SHORT_CONV", "triton")
     bad = run_python(code, PATHLAB_SHORT_CONV="cuda")
     assert bad.returncode != 0 and "PATHLAB_SHORT_CONV must be 'triton' or 'torch'" in bad.stderr
+
+
+def test_every_tile_gives_the_same_convolution(monkeypatch):
+    """``PATHLAB_SHORT_CONV_TILE`` changes only how the work is cut: y and dx are the same bit for bit, d taps the
+    same sums in another order; a tile that is not three powers of two is refused."""
+    gen = torch.Generator().manual_seed(6)
+    x, taps, dy = inputs(2, 37, 20, 3, torch.float32, gen)
+    x, taps = x.requires_grad_(), taps.requires_grad_()
+
+    def run():
+        y = short_conv_silu(x, taps)
+        return [y, *torch.autograd.grad(y, (x, taps), dy)]
+
+    default = run()
+    monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", "4,8,1")
+    other = run()
+    assert torch.equal(other[0], default[0]) and torch.equal(other[1], default[1])
+    assert rel_err(other[2], default[2]) < 1e-6
+    monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", "3,8,1")
+    with pytest.raises(ValueError, match="PATHLAB_SHORT_CONV_TILE must be three powers of two"):
+        short_conv_silu(x, taps)
