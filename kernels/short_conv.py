@@ -26,11 +26,12 @@ import triton.language as tl
 
 from ._mode import unwritten
 
-# (steps, channels, warps) of a program's tile. With 64 steps a tile the backward, which holds x and dy at
-# several shifts, spilled 9 KB of registers when built by Triton 3.6 for sm_90; at 16 it took 190 registers and
-# no spills, but two programs a multiprocessor left it waiting on memory (0.26 ms at [64, 512, 768] against the
-# forward's 0.033). ``PATHLAB_SHORT_CONV_TILE="steps,channels,warps"`` overrides it, for measurements.
-TILE = (16, 128, 4)
+# (steps, channels, warps) of a program's tile: the fastest forward+backward of ten on an H200 at the owt16
+# shape (x [64, 512, 768] bf16: 0.234 ms, the backward 0.176 of it; 0.305 at (16, 128, 4), 0.32 for the compiled
+# PyTorch expression; benchmarks/results/short-conv-tiles-h200-*.json). With 64 steps and 4 warps the backward,
+# which holds x and dy at several shifts, spilled 9 KB of registers when built by Triton 3.6 for sm_90.
+# ``PATHLAB_SHORT_CONV_TILE="steps,channels,warps"`` overrides it, for measurements.
+TILE = (8, 64, 2)
 
 
 def _tile():
