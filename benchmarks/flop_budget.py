@@ -96,7 +96,8 @@ def budget(kernels_file: dict, path_step: dict, rope_step: dict, BT: int = 64) -
     with_op_at_sdpa = {way: tokens / ((rest_ms + layers * t) / 1e3) / rope["tokens_per_s"]
                        for way, t in op_at_sdpa.items()}
     return dict(
-        case=dict(T=T, B=B, H=H, D=D, BT=BT), sdpa=dict(ms=sdpa_ms, gmac=counts, tflops=sdpa_rate), kernels=rows,
+        case=dict(T=T, B=B, H=H, D=D, BT=BT), kernels=rows,
+        sdpa=dict(ms=sdpa_ms, gmac={way: macs * heads / 1e9 for way, macs in counts.items()}, tflops=sdpa_rate),
         op=dict(ms=op_ms, gmac=op_gmac, tflops=2 * op_gmac * 1e9 / (op_ms * 1e-3) / 1e12, ms_at_sdpa_rate=op_at_sdpa,
                 gmac_over_sdpa={way: op_gmac * 1e9 / (macs * heads) for way, macs in counts.items()}),
         owt16=dict(layers=layers, path_step_ms=step["ms_per_step"], path_op_kernels_ms=op_in_step_ms,

@@ -38,7 +38,10 @@ def _tile():
     env = os.environ.get("PATHLAB_SHORT_CONV_TILE")
     if not env:
         return TILE
-    tile = tuple(int(x) for x in env.split(","))
+    try:
+        tile = tuple(int(x) for x in env.split(","))
+    except ValueError:
+        tile = ()
     if len(tile) != 3 or any(x < 1 or x & (x - 1) for x in tile):
         raise ValueError(f"PATHLAB_SHORT_CONV_TILE must be three powers of two 'steps,channels,warps', got {env!r}")
     return tile

@@ -178,6 +178,7 @@ def test_every_tile_gives_the_same_convolution(monkeypatch):
     other = run()
     assert torch.equal(other[0], default[0]) and torch.equal(other[1], default[1])
     assert rel_err(other[2], default[2]) < 1e-6
-    monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", "3,8,1")
-    with pytest.raises(ValueError, match="PATHLAB_SHORT_CONV_TILE must be three powers of two"):
-        short_conv_silu(x, taps)
+    for bad in ("3,8,1", "8,8", "a,8,1"):
+        monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", bad)
+        with pytest.raises(ValueError, match="PATHLAB_SHORT_CONV_TILE must be three powers of two"):
+            short_conv_silu(x, taps)

@@ -7,10 +7,14 @@ The inputs before the sequence's start are ``tail`` (the last K − 1 inputs whi
 The arithmetic runs in fp32 at least and y has x's dtype.
 
 Why an op: as K shifted products in PyTorch under ``torch.compile``, Inductor made the padded window, the product
-sums and SiLU, and their gradients, in six kernels, three each way, and on an H200 they took 6.0 ms of a 125.5 ms ``owt16`` training step (16 layers, 64 × 512 tokens, C = 768;
+sums and SiLU, and their gradients, in six kernels, three each way, and on an H200 they took 6.0 ms of a 125.6 ms
+``owt16`` training step (16 layers, 64 × 512 tokens, C = 768;
 ``benchmarks/results/throughput-h200-profile-all-path-*.json``), where reading x and writing y, then reading x and
 dy and writing dx, is about 0.07 ms per layer. The op is one kernel each way (:mod:`pathlab.kernels.short_conv`:
-the backward recomputes z from x and keeps nothing else) and a sum of the per-program parts of d taps. The kernels
+the backward recomputes z from x and keeps nothing else) and a sum of the per-program parts of d taps. Measured
+alone at that shape: forward 0.039 ms against the compiled expression's 0.080, forward+backward 0.234 against
+0.320 (``short-conv-tiles-h200-*.json``); in the model, 1.4 ms of a step is within the spread of a run
+(``docs/language-models.md``). The backward is still several times what its memory traffic needs. The kernels
 are imported when the op first runs, never while ``torch.compile`` traces. ``PATHLAB_SHORT_CONV=torch``, read when
 pathlab is imported, keeps the PyTorch expression on CUDA.
 """
