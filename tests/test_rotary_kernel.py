@@ -8,8 +8,6 @@ blocks, non-contiguous x (a slice of a fused qkv tensor) and fp32/fp16 inputs, b
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 from pathlab.ops.rotate_op import rotate_pairs, supports  # noqa: E402
 from pathlab.ops.positions import rotate_cos_sin  # noqa: E402
-from pathlab.testing import rel_err  # noqa: E402
+from pathlab.testing import assert_backend_variable, rel_err  # noqa: E402
 
 
 def tables(shape, gen):
@@ -108,16 +106,8 @@ def test_supports_only_constant_fp32_tables():
     assert not supports(x[0], cos.detach(), sin)  # 3-D x
 
 
-def run_python(code, **env):
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
-
-
 def test_environment_variable_chooses_the_cuda_rotation():
-    code = "import pathlab.ops.positions as p; print(p.ROTATE_BACKEND)"
-    assert run_python(code, PATHLAB_ROTATE="torch").stdout.strip() == "torch"
-    assert run_python(code).stdout.strip() == os.environ.get("PATHLAB_ROTATE", "triton")
-    bad = run_python(code, PATHLAB_ROTATE="cuda")
-    assert bad.returncode != 0 and "PATHLAB_ROTATE must be 'triton' or 'torch'" in bad.stderr
+    assert_backend_variable("pathlab.ops.positions", "ROTATE_BACKEND", "PATHLAB_ROTATE")
 
 
 @pytest.mark.parametrize("attention", ["rope", "rot_random_qk", "rot_random_qkv", "rot_learned_qkv"])

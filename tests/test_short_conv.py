@@ -8,8 +8,6 @@ blocks straddle the end of a sequence and of the channels), x a slice of a wider
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 from pathlab.ops import short_conv  # noqa: E402
 from pathlab.ops.short_conv import conv_silu_expression, short_conv_silu, supports  # noqa: E402
-from pathlab.testing import rel_err  # noqa: E402
+from pathlab.testing import assert_backend_variable, rel_err  # noqa: E402
 
 CASES = [  # B, T, C, K
     (1, 1, 3, 3),  # one step: only the last tap sees an input
@@ -150,16 +148,8 @@ def test_path_module_uses_the_op_where_cuda_would(monkeypatch):
     assert calls == []
 
 
-def run_python(code, **env):
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
-
-
 def test_environment_variable_chooses_the_cuda_convolution():
-    code = "import pathlab.ops.short_conv as s; print(s.SHORT_CONV_BACKEND)"
-    assert run_python(code, PATHLAB_SHORT_CONV="torch").stdout.strip() == "torch"
-    assert run_python(code).stdout.strip() == os.environ.get("PATHLAB_SHORT_CONV", "triton")
-    bad = run_python(code, PATHLAB_SHORT_CONV="cuda")
-    assert bad.returncode != 0 and "PATHLAB_SHORT_CONV must be 'triton' or 'torch'" in bad.stderr
+    assert_backend_variable("pathlab.ops.short_conv", "SHORT_CONV_BACKEND", "PATHLAB_SHORT_CONV")
 
 
 def test_every_tile_gives_the_same_convolution(monkeypatch):
