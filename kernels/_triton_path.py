@@ -135,6 +135,33 @@ def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _fwd_pair(ql, KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h, hk, NC, first, m, rows, dcol, vcol,
+              sv_h, scale_log2, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+              PREC: tl.constexpr, SV_T: tl.constexpr, V_ROWS: tl.constexpr, V_GATHER: tl.constexpr,
+              GATE_AHEAD: tl.constexpr):
+    """The forward's step over key chunk m (whole, sequence chunk ``first + m``) for the carried queries ``ql``
+    (scan dtype): S = q k̃_mᵀ · scale (+ the gate), the online softmax and o += P V_m. Returns the running max,
+    the running sum, the accumulator and (``GATE_AHEAD``) the key side of the next pair's gate."""
+    kn = first + m
+    kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
+    s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+    if HAS_GATE:
+        if not GATE_AHEAD:
+            key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
+        s += gq[:, None] - key_gate[None, :]
+        if GATE_AHEAD:  # the next pair's (the loads' latency hides behind this pair's dots)
+            key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(m - 1, 0), go_c, rows, BT)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER)
+                + rows[:, None] * SV_T + vcol[None, :])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc, key_gate
+
+
+@triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
     NC, NTOK, so_t, so_h, sv_h, scale_log2,
@@ -159,6 +186,7 @@ def _path_fwd_kernel(
 
     q = tl.load(QS + ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :])  # fp32 [BT, D]
     s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2
+    gq, key_gate, go_c = 0.0, 0.0, 0.0  # (without the gate: unused)
     if HAS_GATE:
         gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
         go_c = tl.load(GO + h * NC + n)  # fp64
@@ -176,29 +204,20 @@ def _path_fwd_kernel(
                     + rows[:, None] * SV_T + vcol[None, :])
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
-    for mm in range(0, c):
+    # key chunks c−1 … 1, each followed by the carry across it (q ← q − q M_m); then key chunk 0, after which
+    # no carry is needed (a pair of its own rather than a branch in the loop, which kept the loads of M from
+    # being pipelined)
+    for mm in range(0, c - 1):
         m = c - 1 - mm
-        kn = first + m
         ql = q.to(lowp)
-        kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
-        s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-        if HAS_GATE:
-            if not GATE_AHEAD:
-                key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
-            s += gq[:, None] - key_gate[None, :]
-            if GATE_AHEAD:  # the next pair's (the loads' latency hides behind this pair's dots)
-                key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(m - 1, 0), go_c, rows, BT)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER)
-                    + rows[:, None] * SV_T + vcol[None, :])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
-        # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
-        # has no branch and its loads of M can be pipelined)
-        q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
+        m_i, l_i, acc, key_gate = _fwd_pair(ql, KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h, hk, NC,
+                                            first, m, rows, dcol, vcol, sv_h, scale_log2, HAS_GATE, BT, D, DV,
+                                            PREC, SV_T, V_ROWS, V_GATHER, GATE_AHEAD)
+        q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
+    if c > 0:
+        m_i, l_i, acc, key_gate = _fwd_pair(q.to(lowp), KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h,
+                                            hk, NC, first, 0, rows, dcol, vcol, sv_h, scale_log2, HAS_GATE, BT, D,
+                                            DV, PREC, SV_T, V_ROWS, V_GATHER, GATE_AHEAD)
 
     o = acc / l_i[:, None]
     tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
@@ -230,6 +249,50 @@ def _accumulate(NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, ptr, val):
         tl.atomic_add(ptr, val)
     else:
         tl.atomic_add(ptr, val, sem="relaxed")
+
+
+@triton.jit
+def _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, DVV, DKS, DM, DG, h, hk, NC, first,
+              m, rows, tile_d, tile_v, tile_dv, tile_dd, sv_h, scale, scale_log2, HAS_GATE: tl.constexpr,
+              BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
+              LAMBDA_BF16: tl.constexpr, NO_ATOMICS: tl.constexpr, ACQ_REL: tl.constexpr, SV_T: tl.constexpr,
+              V_ROWS: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr):
+    """One pair of the backward's λ scan (module docstring): key chunk m (whole, sequence chunk ``first + m``)
+    for the carried queries ``ql`` = q⁽ᵐ⁾ (scan dtype). Adds the pair's dV, dk̃, dM (and dG) to the key side and
+    returns λ⁽ᵐ⁾ from ``lam`` = λ⁽ᵐ⁻¹⁾, and the query rows' dG so far. ``CARRIED`` is False at m = 0, where
+    λ⁽⁻¹⁾ = 0 (``lam`` holds zeros): λ's two products and dM, all zero there, are left out."""
+    kn = first + m
+    krow = (hk * NC + kn) * BT
+    gradp = do.dtype  # dS, dO, P in the gradient products (input dtype: keeps bf16's range)
+    kt = tl.load(KS + krow * D + tile_d)
+    s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+    if HAS_GATE:  # loaded here, not a pair ahead as in the forward (module docstring, "The gate")
+        s += gq[:, None] - _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)[None, :]
+    p = tl.math.exp2(s - lse[:, None])
+    vt = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER) + tile_v)
+    dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
+    ds = p * (dp - delta[:, None])  # ∂L/∂logit
+    _accumulate(NO_ATOMICS, ACQ_REL, DVV + _v_chunk_base(TOK, hk, kn, 0, NC, BT, DV, DV, False, False) + tile_dv,
+                tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
+    dsg = ds.to(gradp)
+    _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
+                tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
+    if HAS_GATE:
+        dg_row += tl.sum(ds, 1)
+        _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
+    if CARRIED:  # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾
+        mrow = (hk * NC + kn) * D
+        mt = tl.load(M + mrow * D + tile_dd)
+        if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
+            lam_l = lam.to(tl.bfloat16)
+            dm = -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l)
+            lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
+        else:
+            dm = -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32)
+            lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
+        _accumulate(NO_ATOMICS, ACQ_REL, DM + mrow * D + tile_dd, dm)
+    lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+    return lam, dg_row
 
 
 @triton.jit
@@ -289,62 +352,45 @@ def _path_bwd_kernel(
         else:
             delta = tl.load(DELTA + tok * sdl_t + h * sdl_h)
         dg_row = tl.zeros([BT], dtype=tl.float32)
+        gq, go_c = 0.0, 0.0  # (without the gate: unused)
         if HAS_GATE:
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_c = tl.load(GO + h * NC + n)
         lam = tl.zeros([BT, D], dtype=tl.float32)
         q = tl.load(QS + qrow * D + tile_d)
 
-        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch.
-        # (At m = 0 the carried state is not needed; computing it anyway keeps the loop free of branches, so
-        # that the loads of M can be pipelined.)
-        for mm in range(0, c):
+        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch. The
+        # loop carries across chunks c−1 … 1; q⁽⁰⁾ is stored after it (with c = 0 stored and never read).
+        for mm in range(0, c - 1):
             m = c - 1 - mm
             ql = q.to(lowp)
             tl.store(scratch + m * BT * D + tile_d, ql)
             q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
+        tl.store(scratch + tile_d, q.to(lowp))
         tl.debug_barrier()  # scratch writes visible to the whole program
 
-        # 2. left to right: λ, and the key-side gradients
+        # 2. left to right: λ, and the key-side gradients. Key chunk 0 is a pair of its own, since λ⁽⁻¹⁾ = 0
+        # there (no products with λ, no dM); the loop over chunks 1 … c−1 stays free of branches, so that its
+        # loads can be pipelined.
         ql_next = tl.load(scratch + tile_d)
-        for m in range(0, c):
-            kn = first + m
-            krow = (hk * NC + kn) * BT
+        if c > 0:
+            ql = ql_next
+            if PREFETCH:
+                ql_next = tl.load(scratch + tl.minimum(1, c - 1) * BT * D + tile_d)
+            lam, dg_row = _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, DVV, DKS, DM,
+                                    DG, h, hk, NC, first, 0, rows, tile_d, tile_v, tile_dv, tile_dd, sv_h, scale,
+                                    scale_log2, HAS_GATE, BT, D, DV, PREC, PREC32, LAMBDA_BF16, NO_ATOMICS, ACQ_REL,
+                                    SV_T, V_ROWS, V_GATHER, False)
+        for m in range(1, c):
             if PREFETCH:
                 ql = ql_next
                 ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
             else:
                 ql = tl.load(scratch + m * BT * D + tile_d)
-            kt = tl.load(KS + krow * D + tile_d)
-            s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-            if HAS_GATE:  # loaded here, not a pair ahead as in the forward (module docstring, "The gate")
-                s += gq[:, None] - _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)[None, :]
-            p = tl.math.exp2(s - lse[:, None])
-            vt = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER) + tile_v)
-            dp = tl.dot(do, tl.trans(vt), input_precision=PREC)
-            ds = p * (dp - delta[:, None])  # ∂L/∂logit
-            _accumulate(NO_ATOMICS, ACQ_REL,
-                        DVV + _v_chunk_base(TOK, hk, kn, 0, NC, BT, DV, DV, False, False) + tile_dv,
-                        tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC))
-            dsg = ds.to(gradp)
-            _accumulate(NO_ATOMICS, ACQ_REL, DKS + krow * D + tile_d,
-                        tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC) * scale)
-            if HAS_GATE:
-                dg_row += tl.sum(ds, 1)
-                _accumulate(NO_ATOMICS, ACQ_REL, DG + (h * NC + kn) * BT + rows, -tl.sum(ds, 0))
-            # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾; λ holds λ⁽ᵐ⁻¹⁾ here (zero at m = 0, where both
-            # products vanish: no branch, as above)
-            mrow = (hk * NC + kn) * D
-            mt = tl.load(M + mrow * D + tile_dd)
-            if LAMBDA_BF16:  # λ's two products on bf16 operands (fp32 range, 8-bit mantissa)
-                lam_l = lam.to(tl.bfloat16)
-                dm = -tl.dot(tl.trans(ql.to(tl.bfloat16)), lam_l)
-                lam = lam - tl.dot(lam_l, tl.trans(mt.to(tl.bfloat16)))  # λ Pᵀ = λ − λ Mᵀ
-            else:
-                dm = -tl.dot(tl.trans(ql.to(tl.float32)), lam, input_precision=PREC32)
-                lam = lam - tl.dot(lam, tl.trans(mt.to(tl.float32)), input_precision=PREC32)
-            _accumulate(NO_ATOMICS, ACQ_REL, DM + mrow * D + tile_dd, dm)
-            lam += tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
+            lam, dg_row = _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, DVV, DKS, DM,
+                                    DG, h, hk, NC, first, m, rows, tile_d, tile_v, tile_dv, tile_dd, sv_h, scale,
+                                    scale_log2, HAS_GATE, BT, D, DV, PREC, PREC32, LAMBDA_BF16, NO_ATOMICS, ACQ_REL,
+                                    SV_T, V_ROWS, V_GATHER, True)
 
         # 3. the diagonal block (intra-chunk logits S_d)
         s = tl.load(SD + qrow * BT + tile_s) * scale_log2

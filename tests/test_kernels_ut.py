@@ -553,3 +553,71 @@ def test_scan_backward_into_its_inputs_needs_fp32_factors():
         _scan_bwd_impl(torch.zeros(H, NC, BT, D), qs, qs, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, D, D), sd,
                        None, None, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, BT), None, None, None, NC, 1.0, 0,
                        into_inputs=True)
+
+
+def test_keeps_ux_policy(monkeypatch):
+    """U and X are kept as the backward's operands where the three-kernel backward runs and the forward's and
+    backward's products take the same operands; ``PATHLAB_PATH_UT_KEEP_UX=0`` turns it off, a bad value is a
+    clear error."""
+    from pathlab.kernels._triton_ut import keeps_ux
+
+    for name in ("PATHLAB_PATH_UT_KEEP_UX", "PATHLAB_PATH_UT_SPLIT", "PATHLAB_PATH_UT_HALF"):
+        monkeypatch.delenv(name, raising=False)
+    assert [keeps_ux(d, torch.bfloat16) for d in (16, 32, 64, 128)] == [True, True, True, False]
+    assert keeps_ux(64, torch.float32)
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fwd")  # fp16 operands forward, tf32 backward: nothing to share
+    assert not keeps_ux(64, torch.bfloat16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "auto")
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "1")
+    assert not keeps_ux(64, torch.bfloat16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "auto")
+    monkeypatch.setenv("PATHLAB_PATH_UT_KEEP_UX", "0")
+    assert not keeps_ux(64, torch.bfloat16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_KEEP_UX", "yes")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_KEEP_UX must be one of"):
+        keeps_ux(64, torch.bfloat16)
+
+
+@pytest.mark.parametrize("ut", ["triton_saved", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_kept_u_and_x_give_the_same_gradients_bit_for_bit(ut, dtype, monkeypatch):
+    """The backward's heads kernel reading the operands of U and X that the forward kept gives exactly what it
+    gives making them again from A (the same operands, from the same fp32 tiles), on both fused routes, with
+    grouped heads and a sequence that ends inside a chunk; and the kept operands are what it read."""
+    from pathlab.kernels import _triton_ut
+
+    launches = []
+    launch = _triton_ut._launch
+
+    def spy(kernel, grid, *args, **meta):
+        if kernel is _triton_ut._ut_bwd_heads_kernel:
+            launches.append(meta["KEPT_UX"])
+        return launch(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(_triton_ut, "_launch", spy)
+    results = {}
+    for keep in ("1", "0"):
+        monkeypatch.setenv("PATHLAB_PATH_UT_KEEP_UX", keep)
+        q, k, w, beta = (x.requires_grad_() for x in token_inputs(2, 45, 4, 2, 32, (0.0, 2.0), seed=21, dtype=dtype))
+        v = torch.randn(2, 45, 2, 32, generator=torch.Generator().manual_seed(22)).to(dtype).requires_grad_()
+        o = path_attention_triton(q, k, v, w, beta, block_size=16, ut=ut)
+        o.float().pow(2).sum().backward()
+        results[keep] = [o.detach(), *(x.grad for x in (q, k, w, beta, v))]
+    assert launches == [True, False]
+    for name, a, b in zip(["o", "dq", "dk", "dw", "dβ", "dv"], results["1"], results["0"]):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
+def test_kept_u_and_x_of_other_operands_are_a_clear_error(monkeypatch):
+    """Operands kept as fp16 handed to a backward whose products are tf32 stop with a clear error."""
+    from pathlab.kernels._triton_ut import ut_backward, ut_forward
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
+    q, k, w, beta = token_inputs(1, 20, 2, 2, 16, (0.0, 2.0), seed=5, dtype=torch.float16)
+    tokens = slot_tokens(build_layout(1, 20, 16, "cpu"), 1, 20)
+    *factors, a, ux, uxs = ut_forward(q, k, w, beta, tokens, 16, keep_ux=True)
+    assert ux.dtype == torch.float16 and uxs.shape == (2, 2, 2)
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "0")
+    with pytest.raises(RuntimeError, match="kept operands of U and X"):
+        ut_backward([torch.zeros_like(f, dtype=torch.float32) for f in factors], q, k, w, beta, tokens, 16, a, ux,
+                    uxs)
