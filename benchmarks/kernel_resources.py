@@ -42,8 +42,6 @@ def signature(kernel, constexprs, scan: bool):
         elif name.isupper() and name not in INTEGERS:
             key = f"{name}_SCAN" if scan and name in ("KS", "M") else name
             sig[name] = POINTERS.get(key, "*fp32")
-            if name == "UX":  # the kept operands of U and X: fp16 with the UT kernels' fp16 products
-                sig[name] = "*fp16" if constexprs.get("HALF") else "*fp32"
         else:
             sig[name] = "fp32" if "scale" in name else "i32"
     return sig
@@ -102,15 +100,12 @@ def cases(dims, GROUP=1):
                    dict(BT=64, D=D, GRAM16=gram16), _triton_ut._INVERSE_NUM_WARPS, False)
         for half in (False, True):  # tf32 products, or fp16 on operands scaled by powers of two
             tag = " half" if half else ""
-            # the forward keeping U and X as the backward's operands or not (``_triton_ut.keeps_ux``), and the
-            # backward in three kernels (heads, chunk, inverse; the heads kernel reading the kept operands or
-            # making them again), or split in five (end, dq, sums, chunk, inverse; D = 128)
-            for ux in (False, True):
-                ux_tag = " kept_ux" if ux else ""
-                yield (f"ut_fwd_kernel D{D}{tag}{ux_tag}", _triton_ut._ut_fwd_kernel,
-                       dict(GROUP=GROUP, BT=64, D=D, HALF=half, KEEP_UX=ux), _triton_ut.num_warps(D), False)
-                yield (f"ut_bwd_heads_kernel D{D}{tag}{ux_tag}", _triton_ut._ut_bwd_heads_kernel,
-                       dict(GROUP=GROUP, BT=64, D=D, HALF=half, KEPT_UX=ux), _triton_ut.num_warps(D), False)
+            yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),
+                   _triton_ut.num_warps(D), False)
+            # the backward in three kernels (heads, chunk, inverse), or split in five (end, dq, sums, chunk,
+            # inverse; D = 128)
+            yield (f"ut_bwd_heads_kernel D{D}{tag}", _triton_ut._ut_bwd_heads_kernel,
+                   dict(GROUP=GROUP, BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
             yield (f"ut_bwd_chunk_kernel D{D}{tag}", _triton_ut._ut_bwd_chunk_kernel,
                    dict(BT=64, D=D, HALF=half), _triton_ut.num_warps(D), False)
             for name in ("_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel", "_ut_bwd_inverse_kernel"):

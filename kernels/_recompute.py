@@ -27,7 +27,7 @@ import torch
 
 from ._layout import gather_chunks
 from ._mode import unwritten
-from ._triton_ut import keeps_ux, ut_backward, ut_forward
+from ._triton_ut import ut_backward, ut_forward
 
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor tokens, "
@@ -44,8 +44,8 @@ _BWD_SCHEMA = (
 def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
               programs):
     """(o, lse): the UT forward and the scan (the factors are dropped; the backward recomputes them)."""
-    return _forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
-                    programs, keep_ux=False)[:2]
+    return _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block,
+                           scale, programs)[:2]
 
 
 def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
@@ -70,14 +70,13 @@ def group_budget_bytes() -> int:
     return int(value) * 2**20
 
 
-def backward_bytes_per_kv_head(n_chunks, block, group, D, DV, scan_bytes, v_bytes, ux_bytes=0) -> int:
+def backward_bytes_per_kv_head(n_chunks, block, group, D, DV, scan_bytes, v_bytes) -> int:
     """What the recomputing backward allocates per kv head (with its ``group`` query heads), per chunk of BT rows:
     q̃ and S_d (fp32, then dq̃ and dS_d in their place), k̃ and M (scan dtype) with dk̃ and dM (fp32), A (fp32),
-    v's chunk copy with dV (fp32, then v's dtype), and the kept operands of U and X (``ux_bytes`` per element;
-    0 where they are not kept, ``_triton_ut.keeps_ux``)."""
+    v's chunk copy with dV (fp32, then v's dtype)."""
     BT = block
     per_chunk = (group * BT * (D + BT) * 4 + BT * D * (scan_bytes + 4) + D * D * (scan_bytes + 4) + BT * BT * 4
-                 + BT * DV * (2 * v_bytes + 4) + BT * (D + BT) * ux_bytes)
+                 + BT * DV * (2 * v_bytes + 4))
     return n_chunks * per_chunk
 
 
@@ -104,9 +103,8 @@ def _bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_i
 
     Hkv = k.shape[2]
     G = q.shape[2] // Hkv
-    ux_bytes = (2 if q.dtype != torch.float32 else 4) if keeps_ux(q.shape[3], q.dtype) else 0
     per_head = backward_bytes_per_kv_head(tokens.numel() // block, block, G, q.shape[3], v.shape[3],
-                                          _lowp(v.dtype).itemsize, v.element_size(), ux_bytes)
+                                          _lowp(v.dtype).itemsize, v.element_size())
     groups = head_groups(Hkv, per_head, int(max_chunks), group_budget_bytes())
     args = (tokens, chunk_first, chunk_index, order, max_chunks, block, scale, programs)
     if len(groups) == 1:
@@ -132,9 +130,8 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
     """The backward for the heads given (all, or one group of kv heads with their query heads)."""
     from .path import _lowp, _scan_bwd_impl, v_in_token_rows
 
-    # k̃ and M straight in the scan's dtype; A (and U, X as operands) are kept for the UT backward below
-    qs, ks, m, sd, a, ux, uxs = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype),
-                                           keeps_ux(q.shape[3], q.dtype))
+    # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     # the factors are this function's own: dq̃ and dS_d overwrite q̃ and S_d, and the UT backward consumes the
@@ -142,14 +139,14 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, into_inputs=True, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows))
     del qs, ks, m, sd, vc
-    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a, ux, uxs)
+    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 
 
-def _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a, ux, uxs):
+def _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a):
     """(dq, dk, dw, dβ, dv, dG_local) from the scan backward's outputs ``grads`` (a list the UT backward
     consumes: the caller keeps no other reference to them; dV is already in v's layout)."""
     dg, dv = grads.pop(), grads.pop(2)
-    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, ux, uxs, consume=True)
+    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
     return dq, dk, dw, dbeta, dv, dg
 
 
@@ -197,11 +194,10 @@ path_fwd.register_autograd(_backward, setup_context=_setup_context)
 # k̃ and M (in the scan's dtype) and A (fp32) per layer: autograd keeps 9.0× one 16-bit q at 12×64 instead of
 # 1.04× (``benchmarks/bench_saved_memory.py``).
 
-_SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace("-> (Tensor, Tensor)", "-> (" + ", ".join(["Tensor"] * 9) + ")")
+_SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace("-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _SAVED_BWD_SCHEMA = (
     "(Tensor do, Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor o, "
-    "Tensor lse, Tensor qs, Tensor ks, Tensor m, Tensor sd, Tensor a, Tensor ux, Tensor uxs, Tensor tokens, "
-    "Tensor chunk_first, "
+    "Tensor lse, Tensor qs, Tensor ks, Tensor m, Tensor sd, Tensor a, Tensor tokens, Tensor chunk_first, "
     "Tensor chunk_index, Tensor order, SymInt max_chunks, int block, float scale, int programs) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
@@ -209,49 +205,32 @@ _SAVED_BWD_SCHEMA = (
 
 def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
                     programs):
-    """(o, lse) and the factors the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A, and the operands of U
-    and X with their scales (empty where they are not kept, ``_triton_ut.keeps_ux``)."""
-    return _forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
-                    programs, keep_ux=keeps_ux(q.shape[3], q.dtype))
-
-
-def _forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
-             programs, keep_ux):
-    """The UT forward and the scan: (o, lse, q̃, k̃, M, S_d, A, UX, UXS), UX and UXS empty without ``keep_ux``."""
+    """(o, lse) and the factors the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A."""
     from .path import _lowp, _scan_fwd_impl, v_in_token_rows
 
-    qs, ks, m, sd, a, ux, uxs = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype), keep_ux)
-    if ux is None:
-        ux, uxs = (torch.empty((0,), dtype=torch.float32, device=q.device) for _ in range(2))
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
                             token_rows=(tokens, *v.shape[:2]), v_rows=v_rows)
-    return o, lse, qs, ks, m, sd, a, ux, uxs
+    return o, lse, qs, ks, m, sd, a
 
 
 def _saved_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
                     programs):
-    from ._triton_ut import half_operands
     from .path import _lowp
 
     H, D, Hkv, NC = q.shape[2], q.shape[3], k.shape[2], tokens.numel() // block
     f32, low = dict(dtype=torch.float32, device=q.device), dict(dtype=_lowp(v.dtype), device=q.device)
-    if keeps_ux(D, q.dtype):
-        ux_dtype = torch.float16 if half_operands(False, q.dtype) else torch.float32
-        ux = torch.empty((Hkv, NC, block, D + block), dtype=ux_dtype, device=q.device)
-        uxs = torch.empty((Hkv, NC, 2), **f32)
-    else:
-        ux, uxs = torch.empty((0,), **f32), torch.empty((0,), **f32)
     return (*_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
                        programs),
             torch.empty((H, NC, block, D), **f32), torch.empty((Hkv, NC, block, D), **low),
             torch.empty((Hkv, NC, D, D), **low), torch.empty((H, NC, block, block), **f32),
-            torch.empty((Hkv, NC, block, block), **f32), ux, uxs)
+            torch.empty((Hkv, NC, block, block), **f32))
 
 
-def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, ux, uxs, tokens, chunk_first,
-                    chunk_index, order, max_chunks, block, scale, programs):
+def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
+                    max_chunks, block, scale, programs):
     from .path import _scan_bwd_impl, v_in_token_rows
 
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
@@ -259,11 +238,11 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, ux, 
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows))
     del vc
-    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a, ux, uxs)
+    return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 
 
-def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, ux, uxs, tokens, chunk_first,
-                    chunk_index, order, max_chunks, block, scale, programs):
+def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
+                    max_chunks, block, scale, programs):
     return _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
                      scale, programs)
 
@@ -287,13 +266,12 @@ def _saved_setup_context(ctx, inputs, output):
 
 def _saved_backward(ctx, do, dlse, *factor_grads):
     """As ``_backward``; the factors are internal outputs, so their gradients are ignored."""
-    (q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, ux, uxs, tokens, chunk_first, chunk_index,
-     order) = ctx.saved_tensors
+    q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dw, dbeta, dv, dg = path_saved_bwd(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, ux, uxs,
-                                               tokens, chunk_first, chunk_index, order, ctx.max_chunks, ctx.block,
-                                               ctx.scale, ctx.programs)
+    dq, dk, dw, dbeta, dv, dg = path_saved_bwd(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens,
+                                               chunk_first, chunk_index, order, ctx.max_chunks, ctx.block, ctx.scale,
+                                               ctx.programs)
     dgl = dgo = None
     if gl is not None:
         dgl, dgo = dg, dg.sum(-1).to(torch.float64)

@@ -135,33 +135,6 @@ def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _fwd_pair(ql, KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h, hk, NC, first, m, rows, dcol, vcol,
-              sv_h, scale_log2, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-              PREC: tl.constexpr, SV_T: tl.constexpr, V_ROWS: tl.constexpr, V_GATHER: tl.constexpr,
-              GATE_AHEAD: tl.constexpr):
-    """The forward's step over key chunk m (whole, sequence chunk ``first + m``) for the carried queries ``ql``
-    (scan dtype): S = q k̃_mᵀ · scale (+ the gate), the online softmax and o += P V_m. Returns the running max,
-    the running sum, the accumulator and (``GATE_AHEAD``) the key side of the next pair's gate."""
-    kn = first + m
-    kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
-    s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-    if HAS_GATE:
-        if not GATE_AHEAD:
-            key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
-        s += gq[:, None] - key_gate[None, :]
-        if GATE_AHEAD:  # the next pair's (the loads' latency hides behind this pair's dots)
-            key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(m - 1, 0), go_c, rows, BT)
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER)
-                + rows[:, None] * SV_T + vcol[None, :])
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-    return m_new, l_i, acc, key_gate
-
-
-@triton.jit
 def _path_fwd_kernel(
     QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
     NC, NTOK, so_t, so_h, sv_h, scale_log2,
@@ -186,7 +159,6 @@ def _path_fwd_kernel(
 
     q = tl.load(QS + ((h * NC + n) * BT + rows[:, None]) * D + dcol[None, :])  # fp32 [BT, D]
     s = tl.load(SD + ((h * NC + n) * BT + rows[:, None]) * BT + rows[None, :]) * scale_log2
-    gq, key_gate, go_c = 0.0, 0.0, 0.0  # (without the gate: unused)
     if HAS_GATE:
         gq = tl.load(GL + (h * NC + n) * BT + rows) * 1.4426950408889634
         go_c = tl.load(GO + h * NC + n)  # fp64
@@ -204,20 +176,29 @@ def _path_fwd_kernel(
                     + rows[:, None] * SV_T + vcol[None, :])
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
 
-    # key chunks c−1 … 1, each followed by the carry across it (q ← q − q M_m); then key chunk 0, after which
-    # no carry is needed (a pair of its own rather than a branch in the loop, which kept the loads of M from
-    # being pipelined)
-    for mm in range(0, c - 1):
+    for mm in range(0, c):
         m = c - 1 - mm
+        kn = first + m
         ql = q.to(lowp)
-        m_i, l_i, acc, key_gate = _fwd_pair(ql, KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h, hk, NC,
-                                            first, m, rows, dcol, vcol, sv_h, scale_log2, HAS_GATE, BT, D, DV,
-                                            PREC, SV_T, V_ROWS, V_GATHER, GATE_AHEAD)
-        q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
-    if c > 0:
-        m_i, l_i, acc, key_gate = _fwd_pair(q.to(lowp), KS, V, GL, GO, TOK, m_i, l_i, acc, key_gate, gq, go_c, h,
-                                            hk, NC, first, 0, rows, dcol, vcol, sv_h, scale_log2, HAS_GATE, BT, D,
-                                            DV, PREC, SV_T, V_ROWS, V_GATHER, GATE_AHEAD)
+        kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
+        s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+        if HAS_GATE:
+            if not GATE_AHEAD:
+                key_gate = _key_gate(GL, GO, h, NC, kn, go_c, rows, BT)
+            s += gq[:, None] - key_gate[None, :]
+            if GATE_AHEAD:  # the next pair's (the loads' latency hides behind this pair's dots)
+                key_gate = _key_gate(GL, GO, h, NC, first + tl.maximum(m - 1, 0), go_c, rows, BT)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + _v_chunk_base(TOK, hk, kn, sv_h, NC, BT, DV, SV_T, V_ROWS, V_GATHER)
+                    + rows[:, None] * SV_T + vcol[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+        # move the queries across chunk m: q ← q − q M_m (not needed after m = 0; done anyway, so that the loop
+        # has no branch and its loads of M can be pipelined)
+        q = q - tl.dot(ql, tl.load(M + (hk * NC + kn) * D * D + tile_dd), input_precision=PREC)
 
     o = acc / l_i[:, None]
     tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)

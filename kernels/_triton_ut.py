@@ -283,43 +283,16 @@ def _chunk_factors(a, w, k, b, rows, HALF: tl.constexpr):
 
 
 @triton.jit
-def _ux_offsets(hk, n, NC, rows, dcol, BT: tl.constexpr, D: tl.constexpr):
-    """Offsets of the chunk's U operand (``[BT, D]``) and X operand (``[BT, BT]``) in ``UX [Hkv, NC, BT, D + BT]``
-    (each row: U's, then X's), and of the two scales in ``UXS [Hkv, NC, 2]``."""
-    row = ((hk * NC + n) * BT + rows[:, None]) * (D + BT)
-    return row + dcol[None, :], row + D + rows[None, :], (hk * NC + n) * 2
-
-
-@triton.jit
-def _kept_ux(UX, UXS, hk, n, NC, rows, dcol, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
-    """The operands (``_operand``) of U and X that ``_ut_fwd_kernel`` kept (``KEEP_UX``): (u_h, u_s, x_h, x_s)."""
-    u_at, x_at, s_at = _ux_offsets(hk, n, NC, rows, dcol, BT, D)
-    if HALF:
-        return tl.load(UX + u_at), tl.load(UXS + s_at), tl.load(UX + x_at), tl.load(UXS + s_at + 1)
-    else:
-        return tl.load(UX + u_at), 1.0, tl.load(UX + x_at), 1.0
-
-
-@triton.jit
 def _ut_fwd_kernel(
-    Q, K, W, BETA, TOK, AINV, QS, KS, M, SD, UX, UXS, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, QS, KS, M, SD, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, KEEP_UX: tl.constexpr = False,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
-    """KEEP_UX: U and X are also stored as the backward's operands (fp16 and a scale with ``HALF``, else fp32)
-    into ``UX``, ``UXS`` (``_ux_offsets``), so that the backward's heads kernel need not make them again."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     u_h, u_s = _operand(u, HALF)
     x_h, x_s = _operand(x, HALF)
-    if KEEP_UX:
-        u_at, x_at, s_at = _ux_offsets(hk, n, NC, rows, dcol, BT, D)
-        tl.store(UX + u_at, u_h)
-        tl.store(UX + x_at, x_h)
-        if HALF:
-            tl.store(UXS + s_at, u_s)
-            tl.store(UXS + s_at + 1, x_s)
     out = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     tl.store(KS + out, k - _dot(tl.trans(x_h), x_s, w_h, 1.0, HALF))
     tl.store(M + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :],
@@ -350,26 +323,15 @@ def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm, HALF: tl.constexpr):
 
 
 @triton.jit
-def _chunk_end_gradients(W, K, BETA, TOK, AINV, UX, UXS, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
-                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                         KEPT_UX: tl.constexpr = False):
+def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
     """The program's chunk (as ``_this_chunk``), U and X, the operands of w, U, X and K (``_operand``; w's scale
-    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM. U and X are made
-    from A, or with ``KEPT_UX`` read as the operands the forward kept (``_kept_ux``; A is not read, and the
-    returned U and X are those operands)."""
-    if KEPT_UX:
-        n, hk, rows, dcol, tok, valid = _chunk_rows(TOK, NTOK, BT, D)
-        w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
-        w_h, w_s = _operand(w, HALF, True)
-        k_h, k_s = _operand(_load_rows(K + hk * sk_h, tok, valid, T, sk_b, sk_t, dcol), HALF)
-        u_h, u_s, x_h, x_s = _kept_ux(UX, UXS, hk, n, NC, rows, dcol, BT, D, HALF)
-        u, x = u_h, x_h
-    else:
-        n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
-            W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
-        u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
-        u_h, u_s = _operand(u, HALF)
-        x_h, x_s = _operand(x, HALF)
+    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM."""
+    n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
+        W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
+    u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
+    u_h, u_s = _operand(u, HALF)
+    x_h, x_s = _operand(x, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
     du, dx, dk, dw = _end_gradients(w_h, u_h, u_s, x_h, x_s, tl.load(DKS + chunk), dm, HALF)
@@ -387,8 +349,8 @@ def _ut_bwd_end_kernel(
     ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
     holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
     n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
-        _chunk_end_gradients(W, K, BETA, TOK, AINV, AINV, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t,
-                             sk_h, sb_b, sb_t, sb_h, BT, D, HALF)
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -425,16 +387,15 @@ def _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, 
 
 @triton.jit
 def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, UX, UXS, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, KEPT_UX: tl.constexpr = False,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
 ):
-    """Backward, first part: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``. ``KEPT_UX``: U
-    and X read as the operands the forward kept (``UX``, ``UXS``), else made again from A."""
+    """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
+    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
     n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
-        _chunk_end_gradients(W, K, BETA, TOK, AINV, UX, UXS, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t,
-                             sk_h, sb_b, sb_t, sb_h, BT, D, HALF, KEPT_UX)
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -669,24 +630,6 @@ def split_backward(D):
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
-def keeps_ux(D: int, dtype: torch.dtype) -> bool:
-    """Whether the UT forward keeps U and X as the operands of the backward's heads kernel (``KEEP_UX``, fp16 for
-    16-bit inputs: ``(BT + D) · BT · 2`` bytes per chunk and kv head, a quarter of A's and q̃'s together at
-    D = 64), so that the backward reads them instead of A and skips three products and four tile scalings.
-    Where it applies: the three-kernel backward (not ``split_backward``), and the forward's and backward's
-    products on the same operands (``half_operands``). ``PATHLAB_PATH_UT_KEEP_UX``: auto (= 1), 0, 1."""
-    applies = not split_backward(D) and half_operands(False, dtype) == half_operands(True, dtype)
-    return applies and switch("PATHLAB_PATH_UT_KEEP_UX", True)
-
-
-def ux_buffers(Hkv, NC, BT, D, half, device):
-    """(UX, UXS): buffers for the kept operands of U and X (``_ux_offsets``): ``[Hkv, NC, BT, D + BT]`` in fp16
-    (``half``) or fp32, and their scales ``[Hkv, NC, 2]`` fp32 (ones without ``half``)."""
-    ux = unwritten((Hkv, NC, BT, D + BT), dtype=torch.float16 if half else torch.float32, device=device)
-    uxs = (unwritten if half else torch.ones)((Hkv, NC, 2), dtype=torch.float32, device=device)
-    return ux, uxs
-
-
 def gram_on_16_bit_rows(dtype):
     """Whether the inverse kernel forms W Wᵀ in one pass on the fp16/bf16 rows of w (``_gram_16_bit``: their
     products are exact in fp32; the norms scale the sums after) instead of three tf32 passes on the normalised
@@ -726,12 +669,11 @@ def _check_tokens(tokens, block):
                          f"{tuple(tokens.shape)} for BT = {block}")
 
 
-def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32, keep_ux=False):
-    """(q̃, k̃, M, S_d, A, UX, UXS): the UT factors and the inverse they were formed with (``[Hkv, NC, BT, BT]``
-    fp32), so that a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of
-    inverting again; with ``keep_ux`` (see :func:`keeps_ux`) also U and X as the backward's operands
-    (:func:`ux_buffers`), else UX and UXS are None. k̃ and M are stored in ``scan_dtype`` (the scan's; its fp16
-    saves their fp32 copies: 6× one 16-bit k at D = 128), the rest in fp32."""
+def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32):
+    """(q̃, k̃, M, S_d, A): the UT factors and the inverse they were formed with (``[Hkv, NC, BT, BT]`` fp32), so that
+    a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of inverting again.
+    k̃ and M are stored in ``scan_dtype`` (the scan's; its fp16 saves their fp32 copies: 6× one 16-bit k at
+    D = 128), the rest in fp32."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
@@ -744,12 +686,10 @@ def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32, keep_ux=F
     sd = unwritten((H, NC, BT, BT), **f32)
     a = _inverse(w, beta, tokens, T, BT)
     half = half_operands(backward=False, dtype=q.dtype)
-    ux, uxs = ux_buffers(Hkv, NC, BT, D, half, q.device) if keep_ux else (None, None)
     if NC > 0:
-        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, a, qs, ks, m, sd,
-                a if ux is None else ux, a if uxs is None else uxs, NC, T, B * T,
-                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, HALF=half, KEEP_UX=keep_ux)
-    return qs, ks, m, sd, a, ux, uxs
+        _launch(_ut_fwd_kernel, (NC, Hkv), q, k, w, beta, tokens, a, qs, ks, m, sd, NC, T, B * T,
+                *_strides(q, k, w, beta), GROUP=H // Hkv, BT=BT, D=D, HALF=half)
+    return qs, ks, m, sd, a
 
 
 def _ut_fwd_impl(q, k, w, beta, tokens, block):
@@ -764,10 +704,9 @@ def _ut_fwd_fake(q, k, w, beta, tokens, block):
             torch.empty((Hkv, NC, D, D), **f32), torch.empty((H, NC, block, block), **f32))
 
 
-def ut_backward(grads, q, k, w, beta, tokens, block, a=None, ux=None, uxs=None, *, consume=False):
+def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     """(dq, dk, dw, dβ) from the factors' gradients ``grads = [dq̃, dk̃, dM, dS_d]``; ``a`` is the inverse from
-    :func:`ut_forward` of the same inputs, or None to compute it here; ``ux``, ``uxs`` the operands of U and X
-    that it kept (``keep_ux``), or None (or empty) to make them again from A.
+    :func:`ut_forward` of the same inputs, or None to compute it here.
 
     ``consume=True`` hands the gradients over (the caller keeps no other reference): the list is emptied, dk̃'s
     buffer takes the partial dk in place (each program reads its rows before writing them), and dM is freed once
@@ -786,10 +725,6 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, ux=None, uxs=None, 
     dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
     split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
-    kept = ux is not None and ux.numel() > 0 and not split
-    if kept and (ux.dtype == torch.float16) != half:
-        raise RuntimeError(f"the kept operands of U and X are {ux.dtype}, but the backward multiplies "
-                           f"{'fp16' if half else 'tf32'} operands: keep them only where keeps_ux() says so")
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
@@ -809,9 +744,8 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, ux=None, uxs=None, 
                     T, B * T, *strides[:3], *strides[6:], GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         else:
             xs = dx  # takes d(A D_β): each program of the chunk kernel reads its dX before writing there
-            _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, ux if kept else a,
-                    uxs if kept else a, dqs, dks, dm, dsd, dq, du, dx, dk_part, dw_part, NC, T, B * T, *strides,
-                    GROUP=H // Hkv, BT=BT, D=D, HALF=half, KEPT_UX=kept)
+            _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
+                    dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs,
                 NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
         _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
