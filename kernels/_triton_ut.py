@@ -63,11 +63,20 @@ def _to_half(x):
     return (x * tl.exp2(14.0 - e)).to(tl.float16), tl.exp2(e - 14.0)  # a multiply, not a divide, per element
 
 
+# The operands of the UT kernels' products (their ``HALF`` constexpr; ``half_operands`` picks one per kernel):
+TF32: tl.constexpr = tl.constexpr(0)  # fp32 tiles, 1-pass tf32 products
+FP16: tl.constexpr = tl.constexpr(1)  # fp16 tiles scaled by powers of two (``_to_half``): tf32's significand
+BF16: tl.constexpr = tl.constexpr(2)  # bf16 tiles as they are: fp32's range, no scale, an 8-bit significand
+
+
 @triton.jit
-def _half_operand(x, UNIT: tl.constexpr):
-    """``_to_half(x)``, or for ``UNIT`` (rows or columns of w: every |element| ≤ 1) x in fp16 as it is, without
+def _half_operand(x, UNIT: tl.constexpr, HALF: tl.constexpr = FP16):
+    """A 16-bit operand of x and its scale: with ``HALF`` = BF16, x in bf16 (scale 1: bf16 has fp32's range);
+    else ``_to_half(x)``, or for ``UNIT`` (rows or columns of w: every |element| ≤ 1) x in fp16 as it is, without
     the reduction (an element below fp16's smallest normal, 2⁻¹⁴, is off by at most 2⁻²⁵)."""
-    if UNIT:
+    if HALF == BF16:
+        return x.to(tl.bfloat16), 1.0
+    elif UNIT:
         return x.to(tl.float16), 1.0
     else:
         return _to_half(x)
@@ -75,13 +84,13 @@ def _half_operand(x, UNIT: tl.constexpr):
 
 @triton.jit
 def _mm(a, b, HALF: tl.constexpr, A_UNIT: tl.constexpr = False, B_UNIT: tl.constexpr = False):
-    """a·b in fp32 from fp32 tiles: a 1-pass tf32 product (PRECISION), or with ``HALF`` an fp16 product of the
-    operands scaled by ``_half_operand``: the same 11-bit operand significands, in half the shared memory, at
-    twice the tensor cores' tf32 rate, for up to two reductions per product (``A_UNIT``, ``B_UNIT``: an operand
-    from w, which needs none)."""
+    """a·b in fp32 from fp32 tiles: a 1-pass tf32 product (PRECISION), or with ``HALF`` a 16-bit product of the
+    operands of ``_half_operand``: with FP16 the same 11-bit operand significands as tf32, in half the shared
+    memory, at twice the tensor cores' tf32 rate, for up to two reductions per product (``A_UNIT``, ``B_UNIT``: an
+    operand from w, which needs none); with BF16 no reduction at all, at an 8-bit significand."""
     if HALF:
-        ah, sa = _half_operand(a, A_UNIT)
-        bh, sb = _half_operand(b, B_UNIT)
+        ah, sa = _half_operand(a, A_UNIT, HALF)
+        bh, sb = _half_operand(b, B_UNIT, HALF)
         return tl.dot(ah, bh) * (sa * sb)
     else:
         return tl.dot(a, b, input_precision=PRECISION)
@@ -101,7 +110,7 @@ def _operand(x, HALF: tl.constexpr, UNIT: tl.constexpr = False):
     ``_query_head_dq`` and ``_query_head_sums``, U, X and K again per query head): 100 → 86 barriers, 4288 →
     3312 bytes of spills, and on an H200 0.93 → 0.64 ms at T = 512, 12×64 (``kernels-h200-ut-head-operands-*``)."""
     if HALF:
-        return _half_operand(x, UNIT)
+        return _half_operand(x, UNIT, HALF)
     else:
         return x, 1.0
 
@@ -598,25 +607,36 @@ def _launch(kernel, grid, *args, BT, D, warps=None, **meta):
             f"use ut='torch' (or PATHLAB_PATH_UT=torch), or a smaller block_size") from err
 
 
-HALF_VALUES = ("auto", "0", "fwd", "1")
+HALF_VALUES = ("auto", "0", "fwd", "1", "bf16-bwd", "bf16")
 
 
-def half_operands(backward: bool, dtype: torch.dtype) -> bool:
-    """Whether the UT kernels of the forward (also when the backward recomputes it) or of the backward multiply on
-    fp16 operands scaled by powers of two (``_mm``) instead of tf32, for inputs (q) of ``dtype``:
-    ``PATHLAB_PATH_UT_HALF`` = 1 (every kernel), fwd (the forward kernel), 0 (neither) or auto (every kernel for
-    16-bit inputs; fp32 inputs keep tf32 products, which have the same significand on a GPU and run in exact fp32
-    under the interpreter). The inverse is exact fp32 either way.
+def half_operands(backward: bool, dtype: torch.dtype) -> int:
+    """The operands of the UT kernels' products in the forward (also when the backward recomputes it) or in the
+    backward, for inputs (q) of ``dtype``: ``TF32`` (0), ``FP16`` (1: fp16 scaled by powers of two, ``_mm``) or
+    ``BF16`` (2: bf16 unscaled). ``PATHLAB_PATH_UT_HALF`` = 1 (FP16 in every kernel), fwd (FP16 in the forward
+    kernel, TF32 in the backward), 0 (TF32), bf16-bwd (FP16 forward, BF16 backward), bf16 (BF16 in every kernel) or
+    auto (FP16 in every kernel for 16-bit inputs; fp32 inputs keep tf32 products, which have the same significand
+    on a GPU and run in exact fp32 under the interpreter). The inverse is exact fp32 either way.
 
     On an H200, bf16, against tf32 products, fwd+bwd took 2.3% less time at T = 512, 12×64 (4.41 against 4.52 ms)
     and 1.5% less at T = 4096, with errors against the fp64 reference no larger (dw 2.5e-3 against 5.2e-3 at
-    T = 256; ``benchmarks/results/kernels-h200-ut-half-fwd.json``, ``kernels-h200-ut-half.json``)."""
+    T = 256; ``benchmarks/results/kernels-h200-ut-half-fwd.json``, ``kernels-h200-ut-half.json``).
+
+    BF16 (an option, not the default): no reduction for a scale, but bf16's 8-bit significand. Against FP16 on an
+    H200 (bf16 inputs, T = 512, 12×64), bf16-bwd took the UT backward's chunk kernel from 0.371 to 0.300 ms and
+    its inverse-gradients kernel from 0.239 to 0.223 (the heads kernel did not move: 0.616 and 0.626), 2.5% of a
+    PaTH forward+backward, and the ``owt16`` model trained at 271,347 against 266,991 tokens/s (+1.6%); but the
+    gradients' errors against fp64 doubled (dq 4.0e-3 against 2.4e-3, dw 6.5e-3 against 3.0e-3, dβ 5.5e-3
+    against 2.6e-3; ``kernels-h200-ut-bf16-*.json``, ``throughput-h200-path-*``). Under the interpreter bf16
+    products are wrong, so these modes are tested on the GPU only."""
     value = os.environ.get("PATHLAB_PATH_UT_HALF") or "auto"
     if value not in HALF_VALUES:
         raise ValueError(f"PATHLAB_PATH_UT_HALF must be one of {HALF_VALUES}, got {value!r}")
     if value == "auto":
-        return dtype != torch.float32
-    return value == "1" or (value == "fwd" and not backward)
+        return int(FP16) if dtype != torch.float32 else int(TF32)
+    if value == "bf16" or (value == "bf16-bwd" and backward):
+        return int(BF16)
+    return int(FP16) if value in ("1", "bf16-bwd") or (value == "fwd" and not backward) else int(TF32)
 
 
 def split_backward(D):

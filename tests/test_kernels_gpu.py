@@ -144,6 +144,17 @@ def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
     _check_bf16_against_oracle(4096, "torch", gate, "lambda=tf32")
 
 
+@pytest.mark.parametrize("mode", ["1", "bf16-bwd", "bf16"], ids=["fp16", "bf16-backward", "bf16"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_ut_product_operands(mode, gate, monkeypatch):
+    """The UT kernels' products on each choice of operands (``PATHLAB_PATH_UT_HALF``): fp16 scaled by powers of
+    two everywhere, bf16 in the backward only, bf16 everywhere (bf16 products are wrong under the interpreter, so
+    the GPU is where these run)."""
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
+    _check_bf16_against_oracle(300, "reference", gate, f"ut-half={mode}")
+    _check_bf16_against_oracle(4096, "torch", gate, f"ut-half={mode}")
+
+
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
 def test_bf16_fused_ut_at_head_dim_128(gate, ut, monkeypatch):

@@ -137,15 +137,18 @@ def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, 
 
 
 def test_half_operands_setting(monkeypatch):
-    from pathlab.kernels._triton_ut import half_operands
+    """``PATHLAB_PATH_UT_HALF`` picks the operands of the forward's and the backward's UT products: tf32 (0),
+    fp16 scaled by powers of two (1) or bf16 (2); a bad value is a clear error."""
+    from pathlab.kernels._triton_ut import BF16, FP16, TF32, half_operands
 
     def both(dtype):
         return [half_operands(backward=b, dtype=dtype) for b in (False, True)]
 
     monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
-    assert both(torch.bfloat16) == both(torch.float16) == [True, True]
-    assert both(torch.float32) == [False, False]
-    for value, want in (("0", [False, False]), ("fwd", [True, False]), ("1", [True, True])):
+    assert both(torch.bfloat16) == both(torch.float16) == [FP16, FP16]
+    assert both(torch.float32) == [TF32, TF32]
+    for value, want in (("0", [TF32, TF32]), ("fwd", [FP16, TF32]), ("1", [FP16, FP16]),
+                        ("bf16-bwd", [FP16, BF16]), ("bf16", [BF16, BF16])):
         monkeypatch.setenv("PATHLAB_PATH_UT_HALF", value)
         assert both(torch.bfloat16) == both(torch.float32) == want
     monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fp16")
