@@ -627,8 +627,8 @@ def half_operands(backward: bool, dtype: torch.dtype) -> int:
     its inverse-gradients kernel from 0.239 to 0.223 (the heads kernel did not move: 0.616 and 0.626), 2.5% of a
     PaTH forward+backward, and the ``owt16`` model trained at 271,347 against 266,991 tokens/s (+1.6%); but the
     gradients' errors against fp64 doubled (dq 4.0e-3 against 2.4e-3, dw 6.5e-3 against 3.0e-3, dβ 5.5e-3
-    against 2.6e-3; ``kernels-h200-ut-bf16-*.json``, ``throughput-h200-path-*``). Under the interpreter bf16
-    products are wrong, so these modes are tested on the GPU only."""
+    against 2.6e-3; ``kernels-h200-ut-bf16-a47574d.json``, ``throughput-h200-path-ut-{fp16,bf16-bwd}-a47574d.json``).
+    Under the interpreter bf16 products are wrong, so these modes are tested on the GPU only."""
     value = os.environ.get("PATHLAB_PATH_UT_HALF") or "auto"
     if value not in HALF_VALUES:
         raise ValueError(f"PATHLAB_PATH_UT_HALF must be one of {HALF_VALUES}, got {value!r}")
