@@ -99,6 +99,26 @@ def build_layout(batch: int, length: int, chunk: int, device, cu_seqlens: torch.
 _build_layout_eager = torch.compiler.disable(build_layout)
 
 
+# The forward's carried query states, kept for the backward (``path.forward_states``): chunk c of a sequence
+# whose chunk 0 is chunk ``first`` holds c states (q⁽ᶜ⁻¹⁾ … q⁽⁰⁾), at rows base(first) + c(c−1)/2 + m of its
+# head, with base(f) = ⌈f·(max_chunks − 1)/2⌉. A sequence of L ≤ max_chunks chunks needs L(L−1)/2 rows and
+# base(f + L) − base(f) ≥ L(max_chunks − 1)/2 − 1/2 ≥ L(L−1)/2 (equality when L = max_chunks, where the first
+# difference is a whole number), so sequences never share a row, and every row lies below base(NC): the kernels
+# find a chunk's rows from its two layout integers alone. For equal lengths no row is left unused.
+
+
+def state_base(first: int, c: int, max_chunks: int) -> int:
+    """First state row of chunk c of a sequence starting at chunk ``first`` (as the kernels compute it)."""
+    return (first * (max_chunks - 1) + 1) // 2 + c * (c - 1) // 2
+
+
+def state_rows(n_chunks: int, max_chunks: int) -> int:
+    """State rows per head for ``n_chunks`` chunks whose sequences span at most ``max_chunks``: base(NC), and
+    one more, which an item without key chunks (c = 0, no states; at the end when its sequence is one chunk)
+    may read and never use, since the backward loads a first state before it knows c."""
+    return (n_chunks * (max_chunks - 1) + 1) // 2 + 1
+
+
 def slot_tokens(layout: ChunkLayout, batch: int, length: int) -> torch.Tensor:
     """int64 ``[NC·BT]``: the flat token index b·T + t that each row of the chunk layout holds, ``B·T`` for padding.
 

@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from ._layout import gather_chunks
+from ._layout import gather_chunks, state_rows
 from ._mode import unwritten
 from ._triton_ut import ut_backward, ut_forward
 
@@ -194,26 +194,46 @@ path_fwd.register_autograd(_backward, setup_context=_setup_context)
 # k̃ and M (in the scan's dtype) and A (fp32) per layer: autograd keeps 9.0× one 16-bit q at 12×64 instead of
 # 1.04× (``benchmarks/bench_saved_memory.py``).
 
-_SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace("-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace(
+    "-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _SAVED_BWD_SCHEMA = (
     "(Tensor do, Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor o, "
-    "Tensor lse, Tensor qs, Tensor ks, Tensor m, Tensor sd, Tensor a, Tensor tokens, Tensor chunk_first, "
+    "Tensor lse, Tensor qs, Tensor ks, Tensor m, Tensor sd, Tensor a, Tensor states, Tensor tokens, Tensor chunk_first, "
     "Tensor chunk_index, Tensor order, SymInt max_chunks, int block, float scale, int programs) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
+def _states_shape(q, tokens, max_chunks, block):
+    """Shape of the carried states the forward keeps (``path.forward_states``), with no rows when it keeps none."""
+    from .path import forward_states
+
+    H, D, NC = q.shape[2], q.shape[3], tokens.numel() // block
+    rows = state_rows(NC, int(max_chunks)) if forward_states(int(max_chunks)) else 0
+    return (H, rows, block, D)
+
+
 def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
                     programs):
-    """(o, lse) and the factors the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A."""
+    """(o, lse) and what the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A, and the carried query states
+    (in the scan's dtype; no rows unless ``path.forward_states``)."""
     from .path import _lowp, _scan_fwd_impl, v_in_token_rows
 
-    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype))
+    lowp = _lowp(v.dtype)
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, lowp)
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
+    shape = _states_shape(q, tokens, max_chunks, block)
+    if shape[0] * shape[1] and tokens.numel() == v.shape[0] * int(max_chunks) * block:
+        # every sequence spans max_chunks chunks (a padded batch, or one sequence): the kernel writes every row
+        # but the spare last one (``_layout.state_rows``), zeroed so that no element of the output is undefined
+        states = unwritten(shape, dtype=lowp, device=q.device)
+        states[:, -1].zero_()
+    else:  # packed sequences of different lengths leave rows between them
+        states = torch.zeros(shape, dtype=lowp, device=q.device)
     o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                            token_rows=(tokens, *v.shape[:2]), v_rows=v_rows)
-    return o, lse, qs, ks, m, sd, a
+                            token_rows=(tokens, *v.shape[:2]), v_rows=v_rows, states=states if shape[1] else None)
+    return o, lse, qs, ks, m, sd, a, states
 
 
 def _saved_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
@@ -226,23 +246,25 @@ def _saved_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, 
                        programs),
             torch.empty((H, NC, block, D), **f32), torch.empty((Hkv, NC, block, D), **low),
             torch.empty((Hkv, NC, D, D), **low), torch.empty((H, NC, block, block), **f32),
-            torch.empty((Hkv, NC, block, block), **f32))
+            torch.empty((Hkv, NC, block, block), **f32),
+            torch.empty(_states_shape(q, tokens, max_chunks, block), **low))
 
 
-def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
-                    max_chunks, block, scale, programs):
+def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, states, tokens, chunk_first, chunk_index,
+                    order, max_chunks, block, scale, programs):
     from .path import _scan_bwd_impl, v_in_token_rows
 
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
-                                scale, programs, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows))
+                                scale, programs, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows,
+                                states=states if states.shape[1] else None))
     del vc
     return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 
 
-def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order,
-                    max_chunks, block, scale, programs):
+def _saved_bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, states, tokens, chunk_first, chunk_index,
+                    order, max_chunks, block, scale, programs):
     return _bwd_fake(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_index, order, max_chunks, block,
                      scale, programs)
 
@@ -266,10 +288,11 @@ def _saved_setup_context(ctx, inputs, output):
 
 def _saved_backward(ctx, do, dlse, *factor_grads):
     """As ``_backward``; the factors are internal outputs, so their gradients are ignored."""
-    q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens, chunk_first, chunk_index, order = ctx.saved_tensors
+    q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, states, tokens, chunk_first, chunk_index, order = \
+        ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dw, dbeta, dv, dg = path_saved_bwd(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, tokens,
+    dq, dk, dw, dbeta, dv, dg = path_saved_bwd(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, states, tokens,
                                                chunk_first, chunk_index, order, ctx.max_chunks, ctx.block, ctx.scale,
                                                ctx.programs)
     dgl = dgo = None

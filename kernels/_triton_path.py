@@ -42,6 +42,13 @@ fixed number of persistent programs (a few per SM) the extra memory is O(T·D), 
 is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
 heads meet in fp32 atomics (dk̃, dV, dM, dG).
 
+The carried states. For short sequences the forward can keep what the replay would produce: each pair's q⁽ᵐ⁾
+as its dots used it (``KEEP_STATES``), c of them for query chunk c, in a ``[H, rows, BT, D]`` buffer that the
+op saves for the backward, which then reads them (``FWD_STATES``) and skips the replay, its c − 1 dependent
+products and its scratch. Chunk c of a sequence whose chunk 0 is chunk ``first`` keeps its states at rows
+base(first) + c(c−1)/2 + m, base(f) = ⌈f·(max_chunks − 1)/2⌉ (``_layout.state_base``: sequences never share a
+row). The buffer grows as T²: ``path.forward_states`` decides.
+
 The gate (PaTH-FoX). G_i = offset_c + G_local_i for row i of chunk c (``_layout.chunk_gate``: offsets in fp64,
 local sums in fp32), so a pair's gate term is G_i − G_j = G_local_i − (G_local_j − (offset_c − offset_m)); the
 key-side part is formed once per key column (``_key_gate``). The forward loads it one pair ahead of its use
@@ -126,6 +133,13 @@ def _store_rows(X, tok, valid, s_t, col, val, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _state_base(first, c, max_chunks):
+    """First row of chunk c's carried states in its head's ``[rows, BT, D]`` (``_layout.state_base``: a sequence
+    starting at chunk ``first`` begins at ⌈first·(max_chunks − 1)/2⌉, chunk c at c(c−1)/2 after that)."""
+    return (first * (max_chunks - 1) + 1) // 2 + c * (c - 1) // 2
+
+
+@triton.jit
 def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
     """The keys' side of the gate term of query chunk c with key chunk kn (module docstring, "The gate"), base 2:
     (G_j − offset_c) · log₂e = (G_local_j − (offset_c − offset_kn)) · log₂e, ``[BT]`` fp32, the offsets'
@@ -136,16 +150,17 @@ def _key_gate(GL, GO, h, NC, kn, go_c, rows, BT: tl.constexpr):
 
 @triton.jit
 def _path_fwd_kernel(
-    QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK,
-    NC, NTOK, so_t, so_h, sv_h, scale_log2,
+    QS, KS, V, M, SD, GL, GO, O, LSE, CHUNK_FIRST, CHUNK_INDEX, TOK, STATES,
+    NC, NTOK, so_t, so_h, sv_h, scale_log2, n_state_rows, max_chunks,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, GATHER: tl.constexpr, SV_T: tl.constexpr, V_ROWS: tl.constexpr = False,
-    V_GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True,
+    V_GATHER: tl.constexpr = False, GATE_AHEAD: tl.constexpr = True, KEEP_STATES: tl.constexpr = False,
 ):
     """O is written by row (module docstring, "Rows of o and dO"): (token r, query head h) at r·so_t + h·so_h;
     V is read in v's layout if ``V_ROWS``, (token r, kv head) at r·SV_T + hk·sv_h, its rows through ``TOK`` if
     ``V_GATHER``, else in the chunk layout (module docstring, "Rows of v"). GATE_AHEAD: each pair's gate loaded
-    one pair ahead (module docstring, "The gate")."""
+    one pair ahead (module docstring, "The gate"). KEEP_STATES: each carried state q⁽ᵐ⁾ as the pair's dots use
+    it is stored into ``STATES`` (``[H, n_state_rows, BT, D]``, module docstring, "The carried states")."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     hk = h // GROUP
@@ -175,11 +190,15 @@ def _path_fwd_kernel(
         v = tl.load(V + _v_chunk_base(TOK, hk, n, sv_h, NC, BT, DV, SV_T, V_ROWS, False)
                     + rows[:, None] * SV_T + vcol[None, :])
     acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    if KEEP_STATES:
+        states = STATES + (h * n_state_rows + _state_base(first, c, max_chunks)) * BT * D
 
     for mm in range(0, c):
         m = c - 1 - mm
         kn = first + m
         ql = q.to(lowp)
+        if KEEP_STATES:
+            tl.store(states + m * BT * D + rows[:, None] * D + dcol[None, :], ql)
         kt = tl.load(KS + ((hk * NC + kn) * BT + rows[:, None]) * D + dcol[None, :])
         s = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
         if HAS_GATE:
@@ -279,14 +298,14 @@ def _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, 
 @triton.jit
 def _path_bwd_kernel(
     QS, KS, V, M, SD, GL, GO, DO, O, LSE, DELTA,
-    DQS, DKS, DVV, DM, DSD, DG, SCRATCH,
+    DQS, DKS, DVV, DM, DSD, DG, SCRATCH, STATES,
     CHUNK_FIRST, CHUNK_INDEX, ORDER, TOK,
-    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_h, scale, scale_log2,
+    NC, NH, n_items, max_chunks, NTOK, so_t, so_h, sdl_t, sdl_h, sv_h, scale, scale_log2, n_state_rows,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False, PREFETCH: tl.constexpr = True,
     NO_ATOMICS: tl.constexpr = False, ACQ_REL: tl.constexpr = False, SNAKE: tl.constexpr = True,
     DELTA_HERE: tl.constexpr = True, GATHER: tl.constexpr = False, SV_T: tl.constexpr = 0,
-    V_ROWS: tl.constexpr = False, V_GATHER: tl.constexpr = False,
+    V_ROWS: tl.constexpr = False, V_GATHER: tl.constexpr = False, FWD_STATES: tl.constexpr = False,
 ):
     """LAMBDA_BF16: λ's two products on bf16 operands instead of tf32 (see path._lambda_precision). PREFETCH: the
     λ scan loads the next carried state from scratch one pair ahead, so that its latency is hidden. NO_ATOMICS
@@ -294,7 +313,9 @@ def _path_bwd_kernel(
     dealt in a snake (module docstring), else in one direction every round. DELTA_HERE: δ_i = dO_i · o_i from
     ``O``, else read from ``DELTA`` (see path._delta_mode). Rows of O, dO (O's strides) and δ as in the
     forward (module docstring): (token r, query head h) at r·s_t + h·s_h. Rows of V as in the forward
-    (``V_ROWS``, ``V_GATHER``, strides (SV_T, sv_h)); its gradient DVV is summed in the chunk layout."""
+    (``V_ROWS``, ``V_GATHER``, strides (SV_T, sv_h)); its gradient DVV is summed in the chunk layout.
+    FWD_STATES: the carried states are read from the forward's ``STATES`` (module docstring, "The carried
+    states") instead of replayed into ``SCRATCH``."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, BT)
@@ -338,26 +359,30 @@ def _path_bwd_kernel(
             gq = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_c = tl.load(GO + h * NC + n)
         lam = tl.zeros([BT, D], dtype=tl.float32)
-        q = tl.load(QS + qrow * D + tile_d)
 
-        # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch. The
-        # loop carries across chunks c−1 … 1; q⁽⁰⁾ is stored after it (with c = 0 stored and never read).
-        for mm in range(0, c - 1):
-            m = c - 1 - mm
-            ql = q.to(lowp)
-            tl.store(scratch + m * BT * D + tile_d, ql)
-            q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
-        tl.store(scratch + tile_d, q.to(lowp))
-        tl.debug_barrier()  # scratch writes visible to the whole program
+        if FWD_STATES:  # the forward kept q⁽ᶜ⁻¹⁾ … q⁽⁰⁾
+            qstates = STATES + (h * n_state_rows + _state_base(first, c, max_chunks)) * BT * D
+        else:
+            qstates = scratch
+            # 1. replay the forward carry right to left; keep q⁽ᵐ⁾ (as used in the forward's dots) in scratch.
+            # The loop carries across chunks c−1 … 1; q⁽⁰⁾ is stored after it (with c = 0 stored and never read).
+            q = tl.load(QS + qrow * D + tile_d)
+            for mm in range(0, c - 1):
+                m = c - 1 - mm
+                ql = q.to(lowp)
+                tl.store(qstates + m * BT * D + tile_d, ql)
+                q = q - tl.dot(ql, tl.load(M + (hk * NC + first + m) * D * D + tile_dd), input_precision=PREC)
+            tl.store(qstates + tile_d, q.to(lowp))
+            tl.debug_barrier()  # scratch writes visible to the whole program
 
         # 2. left to right: λ, and the key-side gradients. Key chunk 0 is a pair of its own, since λ⁽⁻¹⁾ = 0
         # there (no products with λ, no dM); the loop over chunks 1 … c−1 stays free of branches, so that its
         # loads can be pipelined.
-        ql_next = tl.load(scratch + tile_d)
+        ql_next = tl.load(qstates + tile_d)
         if c > 0:
             ql = ql_next
             if PREFETCH:
-                ql_next = tl.load(scratch + tl.minimum(1, c - 1) * BT * D + tile_d)
+                ql_next = tl.load(qstates + tl.minimum(1, c - 1) * BT * D + tile_d)
             lam, dg_row = _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, DVV, DKS, DM,
                                     DG, h, hk, NC, first, 0, rows, tile_d, tile_v, tile_dv, tile_dd, sv_h, scale,
                                     scale_log2, HAS_GATE, BT, D, DV, PREC, PREC32, LAMBDA_BF16, NO_ATOMICS, ACQ_REL,
@@ -365,9 +390,9 @@ def _path_bwd_kernel(
         for m in range(1, c):
             if PREFETCH:
                 ql = ql_next
-                ql_next = tl.load(scratch + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
+                ql_next = tl.load(qstates + tl.minimum(m + 1, c - 1) * BT * D + tile_d)
             else:
-                ql = tl.load(scratch + m * BT * D + tile_d)
+                ql = tl.load(qstates + m * BT * D + tile_d)
             lam, dg_row = _bwd_pair(ql, lam, dg_row, do, lse, delta, gq, go_c, KS, V, M, GL, GO, TOK, DVV, DKS, DM,
                                     DG, h, hk, NC, first, m, rows, tile_d, tile_v, tile_dv, tile_dd, sv_h, scale,
                                     scale_log2, HAS_GATE, BT, D, DV, PREC, PREC32, LAMBDA_BF16, NO_ATOMICS, ACQ_REL,
@@ -394,4 +419,5 @@ def _path_bwd_kernel(
         if HAS_GATE:
             dg_row += tl.sum(ds, 1)
             _accumulate(NO_ATOMICS, ACQ_REL, DG + qrow + rows, dg_row - tl.sum(ds, 0))
-        tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it
+        if not FWD_STATES:
+            tl.debug_barrier()  # this item's scratch reads finish before the next item overwrites it

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ._layout import build_layout, chunk_gate, from_chunks, scatter_chunks, slot_tokens, to_chunks
+from ._layout import build_layout, chunk_gate, from_chunks, scatter_chunks, slot_tokens, state_rows, to_chunks
 from ._mode import interpreting, switch as _switch, unwritten
 from ._ut import ut_factors
 
@@ -106,14 +106,16 @@ _BWD_SCHEMA = (
 
 
 def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                   token_rows=None, v_rows=False):
+                   token_rows=None, v_rows=False, states=None):
     """Forward scan: o (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32), from v ``[Hkv, NC, BT, Dv]``
     in the chunk layout. o is ``[H, NC, BT, Dv]``, or with ``token_rows = (tokens, B, T)`` (``tokens`` from
     ``_layout.slot_tokens``; not a schema input: the fused ops pass it) ``[B, T, H, Dv]``, written there by the
     kernel (``_triton_path``, "Rows of o and dO"). ``v_rows=True`` (with ``token_rows``): v is ``[B, T, Hkv, Dv]``,
-    read where it is (``_triton_path``, "Rows of v"; :func:`v_in_token_rows`).
+    read where it is (``_triton_path``, "Rows of v"; :func:`v_in_token_rows`). ``states`` (not a schema input):
+    a ``[H, _layout.state_rows(NC, max_chunks), BT, D]`` buffer of the scan's dtype into which the kernel writes
+    the carried query states for the backward (``_triton_path``, "The carried states"; :func:`forward_states`).
 
-    ``order``, ``max_chunks`` and ``programs`` are not used here; they are inputs so that the backward (set up
+    ``order`` and ``programs`` are not used here; they are inputs so that the backward (set up
     from this op's inputs by ``register_autograd``) has them.
     """
     from ._triton_path import _path_fwd_kernel
@@ -133,17 +135,34 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
     gather = n_tok != NC * BT
+    keep = states is not None
+    if keep and (states.dtype != lowp or tuple(states.shape) != (H, state_rows(NC, int(max_chunks)), BT, D)):
+        raise ValueError(f"states must be {lowp} [{H}, {state_rows(NC, int(max_chunks))}, {BT}, {D}], got "
+                         f"{states.dtype} {list(states.shape)}")
     _path_fwd_kernel[(NC, H)](
-        qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok,
-        NC, n_tok, so_t, so_h, sv_h, scale * LOG2E,
+        qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok, states if keep else qs,
+        NC, n_tok, so_t, so_h, sv_h, scale * LOG2E, states.shape[1] if keep else 0, max_chunks,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t, V_ROWS=v_rows,
         V_GATHER=gather and v_rows,
         # each pair's gate loaded a pair ahead (PATHLAB_PATH_FWD_GATE_AHEAD): on an H200 the gated forward took 1-4%
         # less time at 12×64, 9% less at 16×128 (benchmarks/results/kernels-h200-gate-ahead.json)
-        GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True),
+        GATE_AHEAD=_switch("PATHLAB_PATH_FWD_GATE_AHEAD", True), KEEP_STATES=keep,
         num_warps=num_warps, num_stages=num_stages, **_register_cap(maxnreg),
     )
     return o, lse
+
+
+# The forward keeps its carried states for the backward (``forward_states``) when no sequence spans more chunks:
+# at 8 (512 tokens at BT = 64) they take 3.5× one 16-bit q, growing as T².
+FWD_STATES_UP_TO_CHUNKS = 8
+
+
+def forward_states(max_chunks: int) -> bool:
+    """Whether the saving route (``ut="triton_saved"``) has the forward scan keep each pair's carried query state
+    for the backward, which then reads them instead of replaying the carry (``_triton_path``, "The carried
+    states"): ``PATHLAB_PATH_FWD_STATES`` = ``auto`` (default: when no sequence spans more than
+    ``FWD_STATES_UP_TO_CHUNKS`` chunks), ``1`` (always; the states grow as T²) or ``0`` (never)."""
+    return _switch("PATHLAB_PATH_FWD_STATES", max_chunks <= FWD_STATES_UP_TO_CHUNKS)
 
 
 V_ROWS_VALUES = ("auto", "1", "0")
@@ -235,14 +254,15 @@ def _delta(do, o):
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs, into_inputs=False, token_rows=None, v_rows=False):
+                   programs, into_inputs=False, token_rows=None, v_rows=False, states=None):
     """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, in the chunk layout or, with
     ``token_rows``, in v's). dG_local is an empty tensor when there is no gate. ``programs`` = 0 picks the
     default number of persistent programs.
     ``into_inputs=True`` writes dq̃ into q̃'s buffer and dS_d into S_d's (fp32, contiguous; each work item reads
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
     ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV returned in v's layout ``[B, T, Hkv, Dv]``.
-    ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`. dV is summed in
+    ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`. ``states``: the
+    carried states the forward kept (:func:`_scan_fwd_impl`), read instead of replayed. dV is summed in
     the chunk layout (in fp32) and copied back: summed in v's layout, fwd+bwd took 1.7% longer at T = 512, 12×64,
     on an H200 (3.47 against 3.41 ms; 2.3% for PaTH-FoX; the same at T = 4096;
     ``benchmarks/results/kernels-h200-dv-rows-*.json``)."""
@@ -285,15 +305,21 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
-    scratch = torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
+    keep = states is not None
+    if keep and (states.dtype != lowp or tuple(states.shape) != (H, state_rows(NC, int(max_chunks)), BT, D)):
+        raise ValueError(f"states must be {lowp} [{H}, {state_rows(NC, int(max_chunks))}, {BT}, {D}], got "
+                         f"{states.dtype} {list(states.shape)}")
+    # the replay's scratch, one row per program (none when the forward's states are read: they stand in, unread)
+    scratch = states if keep else torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
         qs, ks_l, v, m_l, sd, gl.contiguous() if has_gate else qs, go.contiguous() if has_gate else qs,
         do, o, lse, delta,
-        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch,
+        dqs, dks, dv, dm, dsd, dg if has_gate else dqs, scratch, scratch,
         chunk_first, chunk_index, order, tok,
         NC, H, n_items, max_chunks, n_tok, so_t, so_h, so_t // DV, so_h // DV, sv_h, scale, scale * LOG2E,
+        states.shape[1] if keep else 0,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, PREC=prec, GATHER=gather, SV_T=sv_t,
-        V_ROWS=v_rows, V_GATHER=gather and v_rows,
+        V_ROWS=v_rows, V_GATHER=gather and v_rows, FWD_STATES=keep,
         PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         # the next carried state loaded one pair ahead (PATHLAB_PATH_BWD_PREFETCH): on an H200 fwd+bwd took 3-6%

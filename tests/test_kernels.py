@@ -151,11 +151,94 @@ def test_v_rows_policy(monkeypatch):
         v_in_token_rows(64, 64, 8)
 
 
+def test_forward_states_rows_never_overlap():
+    """The forward's carried states: chunk c of a sequence keeps c rows from ``state_base(first, c, max_chunks)``;
+    over packed sequences of every length up to ``max_chunks`` the rows of different chunks never meet and stay
+    below ``state_rows`` minus its spare row; with equal lengths every row is used."""
+    import random
+
+    from pathlab.kernels._layout import state_base, state_rows
+
+    rng = random.Random(0)
+    for trial in range(200):
+        max_chunks = rng.randint(1, 12)
+        lengths = [rng.randint(1, max_chunks) for _ in range(rng.randint(1, 8))]
+        lengths[rng.randrange(len(lengths))] = max_chunks
+        if trial % 4 == 0:
+            lengths = [max_chunks] * len(lengths)
+        used, first = [], 0
+        for L in lengths:
+            for c in range(L):
+                used += range(state_base(first, c, max_chunks), state_base(first, c, max_chunks) + c)
+            first += L
+        assert len(used) == len(set(used)) == sum(L * (L - 1) // 2 for L in lengths), (max_chunks, lengths)
+        assert all(0 <= r < state_rows(first, max_chunks) - 1 for r in used), (max_chunks, lengths)
+        if len(set(lengths)) == 1:
+            assert len(used) == state_rows(first, max_chunks) - 1, (max_chunks, lengths)
+
+
+def test_forward_states_policy(monkeypatch):
+    """The forward keeps its carried states when no sequence spans more than 8 chunks, unless forced on or off;
+    a bad value is a clear error."""
+    from pathlab.kernels.path import forward_states
+
+    monkeypatch.delenv("PATHLAB_PATH_FWD_STATES", raising=False)
+    assert forward_states(1) and forward_states(8) and not forward_states(9)
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
+    assert forward_states(1024)
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "0")
+    assert not forward_states(2)
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "on")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_FWD_STATES"):
+        forward_states(2)
+
+
+@pytest.mark.parametrize("states", ["1", "0"], ids=["forward-states", "replayed-states"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_saving_route_with_and_without_the_forward_states(monkeypatch, states, dtype):
+    """The saving route with the backward reading the forward's carried states or replaying them, on packed
+    sequences of different lengths, the last a single chunk (its item reads the spare row), with the gate."""
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", states)
+    lengths = [50, 16, 97, 33, 9]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    inputs = make(1, sum(lengths), 4, 2, 16, 32, dtype, gate=True)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=3, ut="triton_saved")
+
+
+def test_backward_reads_the_forward_states():
+    """The scan backward given the forward's states returns what it returns when it replays them, and it does
+    read them: zeroed states change dq̃ and dk̃."""
+    from pathlab.kernels._layout import build_layout, slot_tokens, state_rows, to_chunks
+    from pathlab.kernels._triton_ut import ut_forward
+    from pathlab.kernels.path import _scan_bwd_impl, _scan_fwd_impl
+
+    B, T, H, D, BT = 2, 75, 2, 16, 16
+    q, k, v, w, beta, g = make(B, T, H, H, D, D, torch.float32, gate=False)
+    layout = build_layout(B, T, BT, q.device)
+    qs, ks, m, sd, _ = ut_forward(q, k, w, beta, slot_tokens(layout, B, T), BT, torch.float32)
+    meta = (layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks)
+    vc = to_chunks(v, layout).contiguous()
+    states = torch.full((H, state_rows(layout.n_chunks, layout.max_chunks), BT, D), float("nan"))
+    o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, None, None, *meta, D ** -0.5, 3, states=states)
+    do = torch.randn_like(o)
+    replayed = _scan_bwd_impl(do, qs, ks, vc, m, sd, None, None, o, lse, *meta, D ** -0.5, 3)
+    read = _scan_bwd_impl(do, qs, ks, vc, m, sd, None, None, o, lse, *meta, D ** -0.5, 3, states=states)
+    for name, a, b in zip(["dq", "dk", "dv", "dM", "dS_d"], replayed, read):
+        assert rel_rms(b, a) <= 1e-6, name
+    zeroed = _scan_bwd_impl(do, qs, ks, vc, m, sd, None, None, o, lse, *meta, D ** -0.5, 3,
+                            states=torch.zeros_like(states))
+    assert rel_rms(zeroed[0], replayed[0]) > 1e-2 and rel_rms(zeroed[1], replayed[1]) > 1e-2
+    with pytest.raises(ValueError, match="states must be"):
+        _scan_bwd_impl(do, qs, ks, vc, m, sd, None, None, o, lse, *meta, D ** -0.5, 3, states=states[:, 1:])
+
+
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
 def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
     """The ops' internal outputs (the log-sum-exp; on the saving route the UT factors q̃, k̃, M, S_d, A) get no
     gradient: autograd must not fill a zero tensor for each of them in every backward."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pathlab.kernels._layout import state_rows
 
     class ZeroFills(TorchDispatchMode):
         """Zero fills outside the ops (autograd's, for outputs without a gradient) and the ops called."""
@@ -179,7 +262,8 @@ def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
     o = path_attention_triton(*leaves, block_size=BT, programs=2, ut=ut)
     with ZeroFills() as fills:
         torch.autograd.grad(o, leaves, torch.randn_like(o))
-    internal = {(H, NC, BT), (H, NC, BT, D), (H, NC, BT, BT), (Hkv, NC, BT, BT)}  # lse, q̃, S_d, A
+    # lse, q̃, S_d, A, the carried states
+    internal = {(H, NC, BT), (H, NC, BT, D), (H, NC, BT, BT), (Hkv, NC, BT, BT), (H, state_rows(NC, 3), BT, D)}
     assert any(op.startswith("pathlab::") and "bwd" in op for op in fills.ops), fills.ops  # the mode saw the backward
     assert not internal & set(fills.shapes), fills.shapes
 
