@@ -153,8 +153,10 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
 
 
 # The forward keeps its carried states for the backward (``forward_states``) when no sequence spans more chunks:
-# at 8 (512 tokens at BT = 64) they take 3.5× one 16-bit q, growing as T².
-FWD_STATES_UP_TO_CHUNKS = 8
+# at 16 (1024 tokens at BT = 64) they take 7.5× one 16-bit q, growing as T². On an H200, 12×64, the op's
+# forward+backward took 1.7% less device time at T = 512 (PaTH-FoX 2.7%) and 3.5% less at T = 1024; at 4096,
+# where they took 31.5× one q, 8% less (``benchmarks/results/kernels-h200-fwd-states-0bde922.json``).
+FWD_STATES_UP_TO_CHUNKS = 16
 
 
 def forward_states(max_chunks: int) -> bool:

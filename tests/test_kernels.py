@@ -178,12 +178,12 @@ def test_forward_states_rows_never_overlap():
 
 
 def test_forward_states_policy(monkeypatch):
-    """The forward keeps its carried states when no sequence spans more than 8 chunks, unless forced on or off;
+    """The forward keeps its carried states when no sequence spans more than 16 chunks, unless forced on or off;
     a bad value is a clear error."""
     from pathlab.kernels.path import forward_states
 
     monkeypatch.delenv("PATHLAB_PATH_FWD_STATES", raising=False)
-    assert forward_states(1) and forward_states(8) and not forward_states(9)
+    assert forward_states(1) and forward_states(16) and not forward_states(17)
     monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
     assert forward_states(1024)
     monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "0")
