@@ -144,6 +144,17 @@ def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
     _check_bf16_against_oracle(4096, "torch", gate, "lambda=tf32")
 
 
+@pytest.mark.parametrize("states", ["1", "0"], ids=["forward-states", "replayed-states"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_saving_route_with_and_without_the_forward_states(states, gate, monkeypatch):
+    """The saving route's backward reading the carried states the forward kept (the default up to 16 chunks,
+    forced here at 4096 tokens as well) or replaying them (``PATHLAB_PATH_FWD_STATES``)."""
+    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", states)
+    _check_bf16_against_oracle(300, "reference", gate, f"states={states}")
+    _check_bf16_against_oracle(4096, "torch", gate, f"states={states}")
+
+
 @pytest.mark.parametrize("mode", ["1", "bf16-bwd", "bf16"], ids=["fp16", "bf16-backward", "bf16"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_ut_product_operands(mode, gate, monkeypatch):
