@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 # Pointer arguments by name (the kernels spell pointers in capitals; any other is fp32), and the capitalised
 # integer arguments.
 POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "O": "*bf16", "KS_SCAN": "*fp16",
-            "M_SCAN": "*fp16", "SCRATCH": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
+            "M_SCAN": "*fp16", "SCRATCH": "*fp16", "STATES": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
 
@@ -92,9 +92,17 @@ def cases(dims, GROUP=1):
                                 LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False,
                                 SV_T=D, V_ROWS=D <= 64),
                            warps, True)
-            yield (f"scan_fwd D{D} gate={gate}", _triton_path._path_fwd_kernel,
-                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D, V_ROWS=D <= 64),
+            # the carried states read from the forward instead of replayed (at 4 warps, λ in bf16)
+            yield (f"scan_bwd D{D} gate={gate} lambda=bf16 forward-states", _triton_path._path_bwd_kernel,
+                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32", LAMBDA_BF16=True,
+                        PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False, SV_T=D, V_ROWS=D <= 64,
+                        FWD_STATES=True),
                    4, True)
+            for keep in (False, True):  # the forward keeping its carried states for the backward
+                yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", _triton_path._path_fwd_kernel,
+                       dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D,
+                            V_ROWS=D <= 64, KEEP_STATES=keep),
+                       4, True)
         for gram16 in (False, True):  # W Wᵀ by 3 tf32 passes on fp32 rows, or one pass on the bf16 rows
             yield (f"ut_inverse D{D} gram16={gram16}", _triton_ut._ut_inverse_kernel,
                    dict(BT=64, D=D, GRAM16=gram16), _triton_ut._INVERSE_NUM_WARPS, False)
