@@ -191,8 +191,9 @@ path_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------------------
 # The same op keeping the UT factors for the backward instead of recomputing them (``ut="triton_saved"``):
 # one UT forward and one inversion per forward+backward instead of two each, for the memory of q̃ and S_d (fp32),
-# k̃ and M (in the scan's dtype) and A (fp32) per layer: autograd keeps 9.0× one 16-bit q at 12×64 instead of
-# 1.04× (``benchmarks/bench_saved_memory.py``).
+# k̃ and M (in the scan's dtype) and A (fp32) per layer, and for sequences of up to 16 chunks the scan's carried
+# query states (``path.forward_states``): autograd keeps 12.7× one 16-bit q at 12×64, T = 512 (9.0× without the
+# states) instead of 1.04× (``benchmarks/bench_saved_memory.py``).
 
 _SAVED_FWD_SCHEMA = _FWD_SCHEMA.replace(
     "-> (Tensor, Tensor)", "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")

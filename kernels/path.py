@@ -486,7 +486,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             ``"triton"`` (fused kernels reading the inputs in place, in one op with the scan that recomputes
             the UT factors in its backward, ``_recompute``; same results within fp32 rounding),
             ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
-            9.0× one 16-bit q kept for the backward instead of 1.04× at 12×64) or ``"auto"``
+            12.7× one 16-bit q kept for the backward instead of 1.04× at 12×64, T = 512, with the scan's
+            carried states, ``forward_states``) or ``"auto"``
             (on CUDA ``"triton_saved"`` at D ≤ 64 and ``"triton"`` at D = 128, else ``"torch"``); default: the
             environment variable ``PATHLAB_PATH_UT``, else ``"auto"``.
 
