@@ -44,8 +44,8 @@ _BWD_SCHEMA = (
 def _fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
               programs):
     """(o, lse): the UT forward and the scan (the factors are dropped; the backward recomputes them)."""
-    return _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block,
-                           scale, programs)[:2]
+    return _fused_forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block,
+                          scale, programs)[:2]
 
 
 def _fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
@@ -214,27 +214,47 @@ def _states_shape(q, tokens, max_chunks, block):
     return (H, rows, block, D)
 
 
-def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
-                    programs):
-    """(o, lse) and what the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A, and the carried query states
-    (in the scan's dtype; no rows unless ``path.forward_states``)."""
+def _states_buffer(shape, tokens, batch, max_chunks, block, dtype, device):
+    """The buffer the forward scan writes the carried states into (``shape`` from :func:`_states_shape`)."""
+    if shape[0] * shape[1] and tokens.numel() == batch * max_chunks * block:
+        # every sequence spans max_chunks chunks (a padded batch, or one sequence): the kernel writes every row
+        # but the spare last one (``_layout.state_rows``), zeroed so that no element of the output is undefined
+        states = unwritten(shape, dtype=dtype, device=device)
+        states[:, -1].zero_()
+        return states
+    return torch.zeros(shape, dtype=dtype, device=device)  # packed sequences of different lengths leave gaps
+
+
+def _fused_forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+                   programs, states_shape=None):
+    """(o, lse, q̃, k̃, M, S_d, A, states): the UT forward and the scan; the scan keeps its carried query states
+    when ``states_shape`` has rows, else states is None."""
     from .path import _lowp, _scan_fwd_impl, v_in_token_rows
 
     lowp = _lowp(v.dtype)
     qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, lowp)
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks))
     vc = v if v_rows else gather_chunks(v, tokens, block)
-    shape = _states_shape(q, tokens, max_chunks, block)
-    if shape[0] * shape[1] and tokens.numel() == v.shape[0] * int(max_chunks) * block:
-        # every sequence spans max_chunks chunks (a padded batch, or one sequence): the kernel writes every row
-        # but the spare last one (``_layout.state_rows``), zeroed so that no element of the output is undefined
-        states = unwritten(shape, dtype=lowp, device=q.device)
-        states[:, -1].zero_()
-    else:  # packed sequences of different lengths leave rows between them
-        states = torch.zeros(shape, dtype=lowp, device=q.device)
+    states = None
+    if states_shape is not None and states_shape[1]:
+        states = _states_buffer(states_shape, tokens, v.shape[0], int(max_chunks), block, lowp, q.device)
     o, lse = _scan_fwd_impl(qs, ks, vc, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
-                            token_rows=(tokens, *v.shape[:2]), v_rows=v_rows, states=states if shape[1] else None)
+                            token_rows=(tokens, *v.shape[:2]), v_rows=v_rows, states=states)
     return o, lse, qs, ks, m, sd, a, states
+
+
+def _saved_fwd_impl(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,
+                    programs):
+    """(o, lse) and what the backward needs: q̃, k̃ and M in the scan's dtype, S_d, A, and the carried query states
+    (in the scan's dtype; no rows unless ``path.forward_states``)."""
+    from .path import _lowp
+
+    shape = _states_shape(q, tokens, max_chunks, block)
+    *out, states = _fused_forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks,
+                                  block, scale, programs, shape)
+    if states is None:
+        states = torch.empty(shape, dtype=_lowp(v.dtype), device=q.device)
+    return (*out, states)
 
 
 def _saved_fwd_fake(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, order, max_chunks, block, scale,

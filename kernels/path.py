@@ -487,7 +487,8 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
             the UT factors in its backward, ``_recompute``; same results within fp32 rounding),
             ``"triton_saved"`` (the same kernels keeping the factors for the backward: one UT forward fewer,
             12.7× one 16-bit q kept for the backward instead of 1.04× at 12×64, T = 512, with the scan's
-            carried states, ``forward_states``) or ``"auto"``
+            carried states, ``forward_states``; without gradients, as in evaluation, ``"triton"`` runs
+            instead) or ``"auto"``
             (on CUDA ``"triton_saved"`` at D ≤ 64 and ``"triton"`` at D = 128, else ``"torch"``); default: the
             environment variable ``PATHLAB_PATH_UT``, else ``"auto"``.
 
@@ -496,6 +497,9 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
     ut = _ut_name(ut, q)
+    if ut == "triton_saved" and not (torch.is_grad_enabled()
+                                     and any(t is not None and t.requires_grad for t in (q, k, v, w, beta, g))):
+        ut = "triton"  # no backward, nothing to keep: the same forward kernels without the factors and states
     B, T, H, D = q.shape
     scale = _static_dim(D) ** -0.5 if scale is None else float(scale)
     if not scale > 0 or not math.isfinite(scale):

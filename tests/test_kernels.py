@@ -232,6 +232,32 @@ def test_backward_reads_the_forward_states():
         _scan_bwd_impl(do, qs, ks, vc, m, sd, None, None, o, lse, *meta, D ** -0.5, 3, states=states[:, 1:])
 
 
+def test_saving_route_without_gradients_keeps_nothing(monkeypatch):
+    """Without a backward to come (no input needs a gradient, or grad mode off, as in evaluation) the saving route
+    runs the recomputing route's forward: the same output, and no factors or carried states made. The recomputing
+    route's forward keeps no states either; the saving route with gradients does."""
+    from pathlab.kernels import path as path_module
+
+    forward_scan, calls = path_module._scan_fwd_impl, []
+
+    def watched(*args, **kwargs):  # which route, and whether the scan keeps its carried states
+        calls.append(kwargs.get("states") is not None)
+        return forward_scan(*args, **kwargs)
+
+    monkeypatch.setattr(path_module, "_scan_fwd_impl", watched)
+    q, k, v, w, beta, g = make(1, 70, 2, 2, 16, 16, torch.float32, gate=True)
+    want = path_attention_triton(q, k, v, w, beta, g, block_size=16, ut="triton")
+    for grad_mode, needs_grad in [(False, True), (True, False)]:
+        leaves = [t.detach().requires_grad_(needs_grad) for t in (q, k, v, w, beta, g)]
+        with torch.set_grad_enabled(grad_mode):
+            assert torch.equal(path_attention_triton(*leaves, block_size=16, ut="triton_saved"), want)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta, g)]
+    path_attention_triton(*leaves, block_size=16, ut="triton")
+    assert calls == [False] * 4
+    path_attention_triton(*leaves, block_size=16, ut="triton_saved")
+    assert calls[-1] is True
+
+
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
 def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
     """The ops' internal outputs (the log-sum-exp; on the saving route the UT factors q̃, k̃, M, S_d, A) get no
