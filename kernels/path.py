@@ -105,6 +105,17 @@ _BWD_SCHEMA = (
 )
 
 
+def _check_states(states, dtype, H, NC, max_chunks, BT, D) -> bool:
+    """Whether the scan gets the carried states' buffer (``states`` not None), after checking its dtype and shape
+    ``[H, _layout.state_rows(NC, max_chunks), BT, D]``."""
+    if states is None:
+        return False
+    want = (H, state_rows(NC, max_chunks), BT, D)
+    if states.dtype != dtype or tuple(states.shape) != want:
+        raise ValueError(f"states must be {dtype} {list(want)}, got {states.dtype} {list(states.shape)}")
+    return True
+
+
 def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, max_chunks, scale, programs,
                    token_rows=None, v_rows=False, states=None):
     """Forward scan: o (v's dtype) and the base-2 log-sum-exp ``[H, NC, BT]`` (fp32), from v ``[Hkv, NC, BT, Dv]``
@@ -135,10 +146,7 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     gl_ = gl.contiguous() if has_gate else qs  # dummies are never read
     go_ = go.contiguous() if has_gate else qs
     gather = n_tok != NC * BT
-    keep = states is not None
-    if keep and (states.dtype != lowp or tuple(states.shape) != (H, state_rows(NC, int(max_chunks)), BT, D)):
-        raise ValueError(f"states must be {lowp} [{H}, {state_rows(NC, int(max_chunks))}, {BT}, {D}], got "
-                         f"{states.dtype} {list(states.shape)}")
+    keep = _check_states(states, lowp, H, NC, int(max_chunks), BT, D)
     _path_fwd_kernel[(NC, H)](
         qs, ks_l, v, m_l, sd, gl_, go_, o, lse, chunk_first, chunk_index, tok, states if keep else qs,
         NC, n_tok, so_t, so_h, sv_h, scale * LOG2E, states.shape[1] if keep else 0, max_chunks,
@@ -307,10 +315,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
-    keep = states is not None
-    if keep and (states.dtype != lowp or tuple(states.shape) != (H, state_rows(NC, int(max_chunks)), BT, D)):
-        raise ValueError(f"states must be {lowp} [{H}, {state_rows(NC, int(max_chunks))}, {BT}, {D}], got "
-                         f"{states.dtype} {list(states.shape)}")
+    keep = _check_states(states, lowp, H, NC, int(max_chunks), BT, D)
     # the replay's scratch, one row per program (none when the forward's states are read: they stand in, unread)
     scratch = states if keep else torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
