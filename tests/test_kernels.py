@@ -153,8 +153,8 @@ def test_v_rows_policy(monkeypatch):
 
 def test_forward_states_rows_never_overlap():
     """The forward's carried states: chunk c of a sequence keeps c rows from ``state_base(first, c, max_chunks)``;
-    over packed sequences of every length up to ``max_chunks`` the rows of different chunks never meet and stay
-    below ``state_rows`` minus its spare row; with equal lengths every row is used."""
+    over 200 random packings of sequences up to ``max_chunks`` (1 to 12) long the rows of different chunks never
+    meet and stay below ``state_rows`` minus its spare row; with equal lengths every row is used."""
     import random
 
     from pathlab.kernels._layout import state_base, state_rows
