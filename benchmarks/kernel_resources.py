@@ -28,7 +28,7 @@ from triton.compiler import ASTSource
 # integer arguments.
 POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16", "O": "*bf16", "KS_SCAN": "*fp16",
             "M_SCAN": "*fp16", "SCRATCH": "*fp16", "STATES": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
-            "CHUNK_INDEX": "*i64", "ORDER": "*i64"}
+            "CHUNK_INDEX": "*i64", "ORDER": "*i64", "SEQ_ORDER": "*i32", "SEQ_CHUNKS": "*i32", "DVO": "*bf16"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
 
 
@@ -80,7 +80,7 @@ def resources(kernel, constexprs, num_warps, num_stages=1, scan=False):
 
 
 def cases(dims, GROUP=1):
-    from pathlab.kernels import _triton_path, _triton_ut
+    from pathlab.kernels import _triton_bwd_by_sequence, _triton_path, _triton_ut
 
     for D in dims:
         for gate in (False, True):
@@ -98,6 +98,13 @@ def cases(dims, GROUP=1):
                         PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False, SV_T=D, V_ROWS=D <= 64,
                         FWD_STATES=True),
                    4, True)
+            # the backward by sequence (R query chunks a tile, warps, pipeline stages)
+            for R, warps, stages in ((1, 4, 1), (1, 4, 2), (1, 4, 3), (1, 8, 2), (2, 8, 1), (2, 8, 2)):
+                yield (f"scan_bwd_by_sequence D{D} gate={gate} R={R} stages={stages}",
+                       _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
+                       dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
+                            LAMBDA_BF16=True, GATHER=False, V_GATHER=False),
+                       warps, True, stages)
             for keep in (False, True):  # the forward keeping its carried states for the backward
                 yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", _triton_path._path_fwd_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D,
@@ -135,11 +142,11 @@ def main(argv=None):
     if interpreting():
         raise SystemExit("kernel_resources builds GPU code: run it without TRITON_INTERPRET")
     rows = []
-    for label, kernel, constexprs, warps, scan in cases([int(d) for d in args.dims.split(",")], args.group):
+    for label, kernel, constexprs, warps, scan, *stages in cases([int(d) for d in args.dims.split(",")], args.group):
         if args.only not in label:
             continue
         try:
-            row = dict(kernel=label, **resources(kernel, constexprs, warps, scan=scan))
+            row = dict(kernel=label, **resources(kernel, constexprs, warps, *stages, scan=scan))
         except Exception as err:  # noqa: BLE001  (a kernel that does not build for sm_90: record why, go on)
             row = dict(kernel=label, num_warps=warps, error=f"{type(err).__name__}: {str(err)[:300]}")
         rows.append(row)

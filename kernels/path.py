@@ -290,6 +290,10 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     do = do.to(v.dtype).contiguous()  # o's strides
     _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
     delta_mode = _delta_mode(gl is not None, int(max_chunks))
+    keep = _check_states(states, lowp, H, NC, int(max_chunks), BT, D)
+    by_sequence = keep and backward_by_sequence(NC, int(max_chunks), Hkv, gl is not None, qs.device)
+    if by_sequence and delta_mode == "kernel":
+        delta_mode = "pass"  # the kernel by sequence reads δ of a query chunk once per key chunk: a pass forms it
     # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed here or by the
     # kernel (which then never reads DELTA: o stands in)
     if delta_mode == "kernel":
@@ -305,17 +309,19 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     else:
         dqs = unwritten((H, NC, BT, D), **f32)
         dsd = unwritten((H, NC, BT, BT), **f32)
+    has_gate = gl is not None
+    if by_sequence:
+        return _scan_bwd_by_sequence(do, ks_l, v, m_l, sd, gl, go, lse, delta, states, dqs, dsd, chunk_first, tok,
+                                     n_tok, (so_t, so_h), (sv_t, sv_h), v_rows, token_rows, max_chunks, scale)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
     dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
-    has_gate = gl is not None
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     n_items = NC * H
     gather = n_tok != NC * BT
     num_warps, num_stages, per_sm, maxnreg = _launch_config("bwd", D, DV)
     programs = programs if programs > 0 else per_sm * _num_sms(dev)
     programs = max(1, min(n_items, programs))
-    keep = _check_states(states, lowp, H, NC, int(max_chunks), BT, D)
     # the replay's scratch, one row per program (none when the forward's states are read: they stand in, unread)
     scratch = states if keep else torch.empty((programs, max_chunks, BT, D), dtype=lowp, device=dev)
     _path_bwd_kernel[(programs,)](
@@ -342,6 +348,77 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     if token_rows is not None:
         dv = scatter_chunks(dv, token_rows[0], token_rows[1], token_rows[2], v.dtype)
     return dqs, dks, dv.to(v.dtype), dm, dsd, dg
+
+
+BY_SEQUENCE_PROGRAMS_PER_SM = 1
+
+
+def backward_by_sequence(n_chunks: int, max_chunks: int, n_kv_heads: int, has_gate: bool, device) -> bool:
+    """Whether a backward given the forward's carried states runs by sequence (``_triton_bwd_by_sequence``: one
+    program per sequence and kv head, no replay, no atomics) rather than by query chunk (``_path_bwd_kernel``):
+    ``PATHLAB_PATH_BWD_BY_SEQUENCE`` = ``1``, ``0`` or ``auto`` (default: without the gate, when the sequences,
+    at least n_chunks / max_chunks of them, times the kv heads give every multiprocessor a program). On an H200 at
+    one ``owt16`` layer (T = 512, B = 64, 12×64, device time) the backward kernel took 0.73 ms by sequence against
+    1.06–1.08 by query chunk, and PaTH's op 2.67–2.69 against 3.07–3.11; with the gate it took 1.52–1.89 ms against
+    1.14–1.16 in every launch tried, so PaTH-FoX stays by query chunk
+    (``benchmarks/results/kernels-h200-by-sequence-*.json``)."""
+    enough = (n_chunks // max(1, max_chunks)) * n_kv_heads >= BY_SEQUENCE_PROGRAMS_PER_SM * _num_sms(device)
+    return _switch("PATHLAB_PATH_BWD_BY_SEQUENCE", enough and not has_gate)
+
+
+def _by_sequence_launch(D: int, DV: int) -> tuple[int, int, int]:
+    """(query chunks per tile R, num_warps, num_stages) of the backward by sequence, default (1, 4, 2), the fastest
+    of ten on an H200 at T = 512, 12×64 (``benchmarks/results/kernels-h200-by-sequence-*.json``);
+    ``PATHLAB_PATH_BWD_SEQ="R,warps,stages"`` overrides them."""
+    default = (1, 4, 2)
+    env = os.environ.get("PATHLAB_PATH_BWD_SEQ")
+    if not env:
+        return default
+    parts = env.split(",")
+    if not all(x.isdigit() for x in parts) or len(parts) > 3 or parts[0] not in ("1", "2", "4"):
+        raise ValueError(f"PATHLAB_PATH_BWD_SEQ must be 'R[,warps[,stages]]' with R in 1, 2, 4, got {env!r}")
+    return tuple([int(x) for x in parts] + list(default[len(parts):]))
+
+
+def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd, chunk_first, tok, n_tok,
+                          o_strides, v_strides, v_rows, token_rows, max_chunks, scale):
+    """The backward by sequence (``_triton_bwd_by_sequence``) for :func:`_scan_bwd_impl`, which prepared its
+    inputs (k̃ and M in the scan's dtype, v as the kernels read it, δ) and the buffers of dq̃ and dS_d. Returns
+    what that function returns; dV is written by the kernel in v's dtype, in v's layout with ``token_rows``."""
+    from ._triton_bwd_by_sequence import _path_bwd_by_sequence_kernel
+
+    H, NC, BT, D = dqs.shape
+    Hkv, DV = ks.shape[0], do.shape[-1]
+    dev, f32 = dqs.device, dict(dtype=torch.float32, device=dqs.device)
+    # per chunk: its sequence's length in chunks if it is the sequence's chunk 0, else 0; longest sequences first
+    seq_chunks = torch.zeros(NC, dtype=torch.int32, device=dev).scatter_add_(
+        0, chunk_first.long(), torch.ones(NC, dtype=torch.int32, device=dev))
+    seq_order = torch.argsort(seq_chunks, descending=True, stable=True).to(torch.int32)
+    dks = unwritten((Hkv, NC, BT, D), **f32)
+    dm = unwritten((Hkv, NC, D, D), **f32)
+    if token_rows is None:  # chunk layout: row n·BT + i of chunk n
+        dv = unwritten((Hkv, NC, BT, DV), dtype=v.dtype, device=dev)
+        dv_strides = (DV, NC * BT * DV)
+    else:
+        dv = unwritten((*token_rows[1:], Hkv, DV), dtype=v.dtype, device=dev)
+        dv_strides = (Hkv * DV, DV)
+    has_gate = gl is not None
+    dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
+    lowp = ks.dtype
+    gather = n_tok != NC * BT
+    R, num_warps, num_stages = _by_sequence_launch(D, DV)
+    so_t, so_h = o_strides
+    _path_bwd_by_sequence_kernel[(NC, Hkv)](
+        ks, v, m, sd, gl.contiguous() if has_gate else dqs, go.contiguous() if has_gate else dqs, do, lse, delta,
+        states, dqs, dks, dv, dm, dsd, dg if has_gate else dqs, seq_order, seq_chunks, tok,
+        NC, n_tok, so_t, so_h, so_t // DV, so_h // DV, *v_strides, *dv_strides, scale, scale * LOG2E,
+        states.shape[1], max_chunks,
+        GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, R=R,
+        PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
+        LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
+        GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
+    )
+    return dqs, dks, dv, dm, dsd, dg
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,

@@ -155,6 +155,23 @@ def test_bf16_saving_route_with_and_without_the_forward_states(states, gate, mon
     _check_bf16_against_oracle(4096, "torch", gate, f"states={states}")
 
 
+@pytest.mark.parametrize("launch", ["0", "default", "1,4,1", "2,8,2"],
+                         ids=["by-query-chunk", "by-sequence", "by-sequence-one-stage", "by-sequence-R2"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_backward_by_sequence(launch, gate, monkeypatch):
+    """The saving route's backward with the forward's states by query chunk (``PATHLAB_PATH_BWD_BY_SEQUENCE=0``)
+    or by sequence, forced on (too few sequences here for the default), with its default launch, one stage, or two
+    query chunks to a tile (``PATHLAB_PATH_BWD_SEQ``), against the oracles."""
+    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
+    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
+    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0" if launch == "0" else "1")
+    monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
+    if launch not in ("0", "default"):
+        monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", launch)
+    _check_bf16_against_oracle(300, "reference", gate, f"by-sequence={launch}")
+    _check_bf16_against_oracle(1024, "torch", gate, f"by-sequence={launch}")
+
+
 @pytest.mark.parametrize("mode", ["1", "bf16-bwd", "bf16"], ids=["fp16", "bf16-backward", "bf16"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_ut_product_operands(mode, gate, monkeypatch):
