@@ -100,7 +100,7 @@ def cases(dims, GROUP=1):
                    4, True)
             # the backward by sequence (R query chunks a tile, warps, pipeline stages)
             for R, warps, stages in ((1, 4, 1), (1, 4, 2), (1, 4, 3), (1, 8, 2), (2, 8, 1), (2, 8, 2)):
-                yield (f"scan_bwd_by_sequence D{D} gate={gate} R={R} stages={stages}",
+                yield (f"scan_bwd_by_sequence D{D} gate={gate} R={R} warps={warps} stages={stages}",
                        _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
                             LAMBDA_BF16=True, GATHER=False, V_GATHER=False),

@@ -350,6 +350,8 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     return dqs, dks, dv.to(v.dtype), dm, dsd, dg
 
 
+# The backward by sequence wants at least this many programs per multiprocessor (not tuned: at the model's shape,
+# T = 512 and B = 64 with 12 kv heads, it has 768 programs for an H200's 132 multiprocessors).
 BY_SEQUENCE_PROGRAMS_PER_SM = 1
 
 
@@ -366,7 +368,7 @@ def backward_by_sequence(n_chunks: int, max_chunks: int, n_kv_heads: int, has_ga
     return _switch("PATHLAB_PATH_BWD_BY_SEQUENCE", enough and not has_gate)
 
 
-def _by_sequence_launch(D: int, DV: int) -> tuple[int, int, int]:
+def _by_sequence_launch() -> tuple[int, int, int]:
     """(query chunks per tile R, num_warps, num_stages) of the backward by sequence, default (1, 4, 2), the fastest
     of ten on an H200 at T = 512, 12×64 (``benchmarks/results/kernels-h200-by-sequence-*.json``);
     ``PATHLAB_PATH_BWD_SEQ="R,warps,stages"`` overrides them."""
@@ -406,7 +408,7 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
     dg = torch.zeros((H, NC, BT), **f32) if has_gate else torch.empty((0,), **f32)
     lowp = ks.dtype
     gather = n_tok != NC * BT
-    R, num_warps, num_stages = _by_sequence_launch(D, DV)
+    R, num_warps, num_stages = _by_sequence_launch()
     so_t, so_h = o_strides
     _path_bwd_by_sequence_kernel[(NC, Hkv)](
         ks, v, m, sd, gl.contiguous() if has_gate else dqs, go.contiguous() if has_gate else dqs, do, lse, delta,
@@ -562,8 +564,9 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
         cu_seqlens: int32 ``[N + 1]`` boundaries of packed sequences (FlashAttention's convention; B == 1).
         block_size: chunk length BT (default: ``PATHLAB_PATH_BLOCK``, else 64; small values such as 16
             exercise the chunking in tests).
-        programs: persistent programs of the backward (default: a few per SM); the scratch is
-            programs × (longest sequence) × D.
+        programs: persistent programs of the backward by query chunk (default: a few per SM); the scratch is
+            programs × (longest sequence) × D. The backward by sequence (``backward_by_sequence``) has one program
+            per sequence and kv head instead.
         ut: how the per-chunk UT transform runs: ``"torch"`` (PyTorch ops, their intermediates saved),
             ``"triton"`` (fused kernels reading the inputs in place, in one op with the scan that recomputes
             the UT factors in its backward, ``_recompute``; same results within fp32 rounding),

@@ -128,10 +128,10 @@ def test_backward_by_sequence_policy(monkeypatch):
     with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_BY_SEQUENCE"):
         backward_by_sequence(64, 8, 12, False, cpu)
     monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
-    assert _by_sequence_launch(64, 64) == (1, 4, 2)
+    assert _by_sequence_launch() == (1, 4, 2)
     monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", "2,8")
-    assert _by_sequence_launch(64, 64) == (2, 8, 2)
+    assert _by_sequence_launch() == (2, 8, 2)
     for bad in ("3", "2,eight", "1,4,2,1"):
         monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", bad)
         with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_SEQ"):
-            _by_sequence_launch(64, 64)
+            _by_sequence_launch()
