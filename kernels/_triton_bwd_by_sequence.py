@@ -148,7 +148,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
     tl.store(DKS + krow * D + tile_d, dk * scale)
     _store_rows(DVO + hk * sdv_h, ktok, kvalid, sdv_t, vcol, dv.to(DVO.dtype.element_ty), GATHER)
     tl.store(DM + (hk * NC + kn) * D * D + tile_dd, dm)
-    tl.debug_barrier()  # this key chunk's writes of λ and dG are visible to the whole program before the next
+    tl.debug_barrier()  # this key chunk's writes of λ are visible to the whole program before the next reads them
 
 
 @triton.jit
