@@ -247,7 +247,8 @@ def bench_case(T, H, D, methods, device, tokens):
     return rows
 
 
-SCAN_KERNELS = ("_path_fwd_kernel", "_path_bwd_kernel", "_path_bwd_by_sequence_kernel")  # the Triton scan; everything else is per-token work
+# the Triton scan (forward; backward by query chunk or by sequence); everything else is per-token work
+SCAN_KERNELS = ("_path_fwd_kernel", "_path_bwd_kernel", "_path_bwd_by_sequence_kernel")
 UT_KERNELS = ("_ut_inverse_kernel", "_ut_fwd_kernel", "_ut_bwd_heads_kernel", "_ut_bwd_chunk_kernel",  # fused UT
               "_ut_bwd_inverse_kernel", "_ut_bwd_end_kernel", "_ut_bwd_dq_kernel", "_ut_bwd_sums_kernel")
 

@@ -272,9 +272,11 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     its rows of both before it writes them), for a caller that owns q̃ and S_d. ``token_rows``: o and dO in
     ``[B, T, H, Dv]``, as in :func:`_scan_fwd_impl`, and dV returned in v's layout ``[B, T, Hkv, Dv]``.
     ``v_rows=True`` (with ``token_rows``): v is read in v's layout, as in :func:`_scan_fwd_impl`. ``states``: the
-    carried states the forward kept (:func:`_scan_fwd_impl`), read instead of replayed. dV is summed in
-    the chunk layout (in fp32) and copied back: summed in v's layout, fwd+bwd took 1.7% longer at T = 512, 12×64,
-    on an H200 (3.47 against 3.41 ms; 2.3% for PaTH-FoX; the same at T = 4096;
+    carried states the forward kept (:func:`_scan_fwd_impl`), read instead of replayed; with them the backward
+    runs by sequence where :func:`backward_by_sequence` says so (``_triton_bwd_by_sequence``: dV summed in
+    registers and written once, in v's dtype and layout), else by query chunk. By query chunk dV is summed in the
+    chunk layout (in fp32) and copied back: summed in v's layout, fwd+bwd took 1.7% longer at T = 512, 12×64, on an
+    H200 (3.47 against 3.41 ms; 2.3% for PaTH-FoX; the same at T = 4096;
     ``benchmarks/results/kernels-h200-dv-rows-*.json``)."""
     from ._triton_path import _path_bwd_kernel
 
