@@ -30,6 +30,7 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16
             "M_SCAN": "*fp16", "SCRATCH": "*fp16", "STATES": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64", "SEQ_ORDER": "*i32", "SEQ_CHUNKS": "*i32", "DVO": "*bf16"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
+NARROW_SCRATCH = ("DU", "DX", "DKP", "DWP", "DAD")  # the UT backward's scratch, fp16 with NARROW
 
 
 def signature(kernel, constexprs, scan: bool):
@@ -41,7 +42,8 @@ def signature(kernel, constexprs, scan: bool):
             sig[name] = "constexpr"
         elif name.isupper() and name not in INTEGERS:
             key = f"{name}_SCAN" if scan and name in ("KS", "M") else name
-            sig[name] = POINTERS.get(key, "*fp32")
+            narrow = constexprs.get("NARROW") and name in NARROW_SCRATCH
+            sig[name] = "*fp16" if narrow else POINTERS.get(key, "*fp32")
         else:
             sig[name] = "fp32" if "scale" in name else "i32"
     return sig
@@ -128,6 +130,13 @@ def cases(dims, GROUP=1):
                 group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}
                 yield (f"{name.strip('_')} D{D}{tag}", kernel, dict(BT=64, D=D, HALF=half, **group),
                        _triton_ut.num_warps(D), False)
+            if half:  # the three-kernel backward with its scratch in scaled fp16 (``_triton_ut.narrow_scratch``)
+                for name in ("_ut_bwd_heads_kernel", "_ut_bwd_chunk_kernel", "_ut_bwd_inverse_kernel"):
+                    kernel = getattr(_triton_ut, name)
+                    group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}
+                    warps = (_triton_ut.inverse_grads_warps if "inverse" in name else _triton_ut.num_warps)(D)
+                    yield (f"{name.strip('_')} D{D} half narrow-scratch", kernel,
+                           dict(BT=64, D=D, HALF=half, NARROW=True, **group), warps, False)
 
 
 def main(argv=None):

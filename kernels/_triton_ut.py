@@ -124,6 +124,42 @@ def _dot(a, sa, b, sb, HALF: tl.constexpr):
         return tl.dot(a, b, input_precision=PRECISION)
 
 
+# Scratch between the backward's kernels (dU, dX, the partial dk and dw, d(A D_β)): fp32 tiles, or with ``NARROW``
+# (``narrow_scratch``) each tile as its scaled fp16 operand of ``_to_half`` and the scale, one fp32 per tile, in
+# ``SC [4, Hkv, NC]``: slot 0 dU, 1 dX and then d(A D_β) over it, 2 the partial dk, 3 dw so far.
+
+
+@triton.jit
+def _store_scratch(X, SC, offs, slot, x, NARROW: tl.constexpr):
+    """x ``[BT, ·]`` fp32 into scratch X at ``offs``, or with ``NARROW`` as ``_to_half(x)``: the fp16 tile there and
+    its scale at ``SC[slot, hk, n]`` (``slot`` already the flat index)."""
+    if NARROW:
+        xh, xs = _to_half(x)
+        tl.store(X + offs, xh)
+        tl.store(SC + slot, xs)
+    else:
+        tl.store(X + offs, x)
+
+
+@triton.jit
+def _scratch_operand(X, SC, offs, slot, NARROW: tl.constexpr, HALF: tl.constexpr):
+    """A scratch tile as a product operand (``_operand``): with ``NARROW`` the stored fp16 tile and scale as they
+    are (no reduction: the same operand ``_operand`` makes of the fp32 tile)."""
+    if NARROW:
+        return tl.load(X + offs), tl.load(SC + slot)
+    else:
+        return _operand(tl.load(X + offs), HALF)
+
+
+@triton.jit
+def _scratch_value(X, SC, offs, slot, NARROW: tl.constexpr):
+    """A scratch tile in fp32 (with ``NARROW`` the fp16 tile times its scale: 2⁻¹¹ relative per element)."""
+    if NARROW:
+        return tl.load(X + offs).to(tl.float32) * tl.load(SC + slot)
+    else:
+        return tl.load(X + offs)
+
+
 @triton.jit
 def _load_rows_as_stored(X, tok, valid, T, s_b, s_t, dcol):
     """Rows ``[BT, D]`` of ``X[b, t, :]`` (X already offset to one head) for the chunk's flat tokens b·T + t,
@@ -396,12 +432,12 @@ def _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, 
 
 @triton.jit
 def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, SC, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NARROW: tl.constexpr = False,
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into fp32 scratch ``[Hkv, NC, BT, ·]``."""
+    (everything but the paths through A D_β and W Kᵀ) into scratch ``[Hkv, NC, BT, ·]`` (``_store_scratch``)."""
     n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
         _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
                              sb_b, sb_t, sb_h, BT, D, HALF)
@@ -419,10 +455,11 @@ def _ut_bwd_heads_kernel(
         q = _load_rows(Q + h * sq_h, tok, valid, T, sq_b, sq_t, dcol)
         du, dx, dk, dw = _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, dx, dk, dw,
                                           HALF)
-    tl.store(DU + chunk, du)
-    tl.store(DX + ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], dx)
-    tl.store(DKP + chunk, dk)
-    tl.store(DWP + chunk, dw)
+    tile, NT = hk * NC + n, NC * tl.num_programs(1)
+    _store_scratch(DU, SC, chunk, tile, du, NARROW)
+    _store_scratch(DX, SC, ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :], NT + tile, dx, NARROW)
+    _store_scratch(DKP, SC, chunk, 2 * NT + tile, dk, NARROW)
+    _store_scratch(DWP, SC, chunk, 3 * NT + tile, dw, NARROW)
 
 
 @triton.jit
@@ -493,9 +530,9 @@ def _ut_bwd_sums_kernel(
 
 @triton.jit
 def _ut_bwd_chunk_kernel(
-    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DAD, NC, T, NTOK,
+    K, W, BETA, TOK, AINV, DU, DX, DKP, DWP, DK, DAD, SC, NC, T, NTOK,
     sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NARROW: tl.constexpr = False,
 ):
     """Backward, the paths through U = A D_β W and X = A D_β strictLower(W Kᵀ) from dU, dX and the partial dk,
     dw: writes dk in the token layout, and d(A D_β) into ``DAD`` (which may be ``DX``: each program reads its dX
@@ -511,10 +548,11 @@ def _ut_bwd_chunk_kernel(
     wk = tl.where(strict, _dot(w_h, w_s, tl.trans(k_h), k_s, HALF), 0.0)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
-    du_h, du_s = _operand(tl.load(DU + chunk), HALF)
-    dx_h, dx_s = _operand(tl.load(DX + square), HALF)
-    dk = tl.load(DKP + chunk)
-    dw = tl.load(DWP + chunk)
+    tile, NT = hk * NC + n, NC * tl.num_programs(1)
+    du_h, du_s = _scratch_operand(DU, SC, chunk, tile, NARROW, HALF)
+    dx_h, dx_s = _scratch_operand(DX, SC, square, NT + tile, NARROW, HALF)
+    dk = _scratch_value(DKP, SC, chunk, 2 * NT + tile, NARROW)
+    dw = _scratch_value(DWP, SC, chunk, 3 * NT + tile, NARROW)
     # U = A D_β W and X = A D_β strictLower(W Kᵀ)
     dad = _dot(du_h, du_s, tl.trans(w_h), w_s, HALF) + _dot(dx_h, dx_s, *_operand(tl.trans(wk), HALF), HALF)
     dw += _dot(adt_h, adt_s, du_h, du_s, HALF)
@@ -523,8 +561,8 @@ def _ut_bwd_chunk_kernel(
     dk += _dot(tl.trans(dwk_h), dwk_s, w_h, w_s, HALF)
     HKV = tl.num_programs(1)
     tl.store(DK + (tok[:, None] * HKV + hk) * D + dcol[None, :], dk, mask=valid[:, None])
-    tl.store(DAD + square, dad)
-    tl.store(DWP + chunk, dw)
+    _store_scratch(DAD, SC, square, NT + tile, dad, NARROW)
+    _store_scratch(DWP, SC, chunk, 3 * NT + tile, dw, NARROW)
 
 
 @triton.jit
@@ -552,8 +590,8 @@ def _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW
 
 @triton.jit
 def _ut_bwd_inverse_kernel(
-    W, BETA, TOK, AINV, DAD, DWP, DW, DBETA, NC, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
-    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+    W, BETA, TOK, AINV, DAD, DWP, DW, DBETA, SC, NC, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
+    BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NARROW: tl.constexpr = False,
 ):
     """Backward, last part: ``_inverse_and_norm_gradients`` from the d(A D_β) and dw that
     ``_ut_bwd_chunk_kernel`` left in scratch."""
@@ -561,8 +599,9 @@ def _ut_bwd_inverse_kernel(
     w, norm, b = _load_w_beta(W, BETA, hk, tok, valid, T, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h, dcol)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     a = tl.load(AINV + square)
-    dad = tl.load(DAD + square)
-    dw = tl.load(DWP + ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :])
+    tile, NT = hk * NC + n, NC * tl.num_programs(1)
+    dad = _scratch_value(DAD, SC, square, NT + tile, NARROW)
+    dw = _scratch_value(DWP, SC, ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :], 3 * NT + tile, NARROW)
     _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
 
 
@@ -650,6 +689,18 @@ def split_backward(D):
     return switch("PATHLAB_PATH_UT_SPLIT", D > 64)
 
 
+def narrow_scratch(split, half):
+    """Whether the three-kernel backward passes its scratch (dU, dX, the partial dk and dw, then d(A D_β) and dw
+    so far: at D = 64, per chunk and kv head, 64 KiB of fp32 out of the heads kernel and 32 KiB out of the chunk
+    kernel) as scaled fp16 tiles, half the bytes (``_store_scratch``;
+    ``PATHLAB_PATH_UT_SCRATCH16``: auto = on for fp16 operands (``HALF`` = FP16) in the three-kernel form, 0, 1,
+    which only takes effect there: the split form adds to its scratch by atomics, and tf32 and bf16 products take
+    operands of their own). dU and dX enter only products, on the operands they are stored as, so the
+    gradients through them do not change; the rest add 2⁻¹¹ relative per element, a quarter of the bf16
+    rounding of the outputs, at every scale of the gradients (the scales are powers of two)."""
+    return switch("PATHLAB_PATH_UT_SCRATCH16", True) and not split and half == int(FP16)
+
+
 def gram_on_16_bit_rows(dtype):
     """Whether the inverse kernel forms W Wᵀ in one pass on the fp16/bf16 rows of w (``_gram_16_bit``: their
     products are exact in fp32; the norms scale the sums after) instead of three tf32 passes on the normalised
@@ -729,8 +780,8 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     :func:`ut_forward` of the same inputs, or None to compute it here.
 
     ``consume=True`` hands the gradients over (the caller keeps no other reference): the list is emptied, dk̃'s
-    buffer takes the partial dk in place (each program reads its rows before writing them), and dM is freed once
-    read (dk̃ and dM are 768 MiB of fp32 at T = 16384, 16×128)."""
+    buffer takes the partial dk in place when the scratch is fp32 (each program reads its rows before writing
+    them; ``narrow_scratch``), and dM is freed once read (dk̃ and dM are 768 MiB of fp32 at T = 16384, 16×128)."""
     _check_tokens(tokens, block)
     B, T, H, D = q.shape
     Hkv, BT = k.shape[2], block
@@ -739,12 +790,15 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     dqs, dks, dm, dsd = (t.contiguous() for t in grads)
     if consume:
         grads.clear()
-    out = dict(dtype=torch.float32, device=q.device)
-    dk_part = dks if consume else torch.empty((Hkv, NC, BT, D), **out)
-    du, dw_part = (torch.empty((Hkv, NC, BT, D), **out) for _ in range(2))
-    dx = torch.empty((Hkv, NC, BT, BT), **out)
     strides = _strides(q, k, w, beta)
     split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
+    narrow = narrow_scratch(split, half)
+    out = dict(dtype=torch.float32, device=q.device)
+    scratch = dict(dtype=torch.float16 if narrow else torch.float32, device=q.device)
+    dk_part = dks if consume and not narrow else torch.empty((Hkv, NC, BT, D), **scratch)
+    du, dw_part = (torch.empty((Hkv, NC, BT, D), **scratch) for _ in range(2))
+    dx = torch.empty((Hkv, NC, BT, BT), **scratch)
+    scales = torch.empty((4, Hkv, NC), **out) if narrow else dx  # the scratch tiles' scales (``_store_scratch``)
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
@@ -765,11 +819,13 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
         else:
             xs = dx  # takes d(A D_β): each program of the chunk kernel reads its dX before writing there
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
-                    dk_part, dw_part, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half)
-        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs,
-                NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half)
-        _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, NC, T, B * T,
-                *strides[6:], BT=BT, D=D, HALF=half, warps=inverse_grads_warps(D))
+                    dk_part, dw_part, scales, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half,
+                    NARROW=narrow)
+            del dqs, dks, dm, dsd  # read: with ``consume`` their memory goes back now
+        _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs, scales,
+                NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half, NARROW=narrow)
+        _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, scales, NC, T, B * T,
+                *strides[6:], BT=BT, D=D, HALF=half, NARROW=narrow, warps=inverse_grads_warps(D))
     return dq, dk, dw, dbeta
 
 

@@ -183,6 +183,17 @@ def test_bf16_ut_product_operands(mode, gate, monkeypatch):
     _check_bf16_against_oracle(4096, "torch", gate, f"ut-half={mode}")
 
 
+@pytest.mark.parametrize("scratch", ["1", "0"], ids=["fp16-scratch", "fp32-scratch"])
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_bf16_ut_backward_scratch(scratch, gate, monkeypatch):
+    """The three-kernel UT backward with its scratch in scaled fp16 (``PATHLAB_PATH_UT_SCRATCH16``, the default
+    for fp16 operands) and in fp32, at head dim 64 and 32 (where its last kernel runs at 8 warps)."""
+    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", scratch)
+    for D in (64, 32):
+        _check_bf16_against_oracle(300, "reference", gate, f"scratch16={scratch} D={D}", D=D)
+    _check_bf16_against_oracle(4096, "torch", gate, f"scratch16={scratch}")
+
+
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
 def test_bf16_fused_ut_at_head_dim_128(gate, ut, monkeypatch):

@@ -156,6 +156,48 @@ def test_half_operands_setting(monkeypatch):
         half_operands(backward=False, dtype=torch.bfloat16)
 
 
+def test_narrow_scratch_setting(monkeypatch):
+    """``PATHLAB_PATH_UT_SCRATCH16``: scaled fp16 scratch in the three-kernel backward with fp16 operands only
+    (the split form adds to its scratch by atomics; tf32 and bf16 products have operands of their own)."""
+    from pathlab.kernels._triton_ut import BF16, FP16, TF32, narrow_scratch
+
+    monkeypatch.delenv("PATHLAB_PATH_UT_SCRATCH16", raising=False)
+    assert narrow_scratch(False, FP16)
+    assert not narrow_scratch(True, FP16) and not narrow_scratch(False, TF32) and not narrow_scratch(False, BF16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "0")
+    assert not narrow_scratch(False, FP16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "1")
+    assert narrow_scratch(False, FP16) and not narrow_scratch(True, FP16)
+    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "fp16")
+    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_SCRATCH16 must be one of"):
+        narrow_scratch(False, FP16)
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
+@pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", [CASES[1], CASES[2]])
+def test_narrow_scratch_rounds_only_what_passes_through_it(B, T, H, Hkv, D, BT, beta_range, scale, monkeypatch):
+    """The scratch as scaled fp16 tiles against fp32 scratch, fp16 products in both: dq, which is final in the
+    first kernel, bit for bit; dk, dw, dβ, whose partial sums pass through the scratch, within 2⁻¹¹-level
+    rounding (and not equal: the narrow scratch was used), at any scale of the gradients."""
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
+    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "0")
+    q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T + D)
+    leaves = [x.detach().requires_grad_() for x in (q, k * 1e4, w, beta)]
+    layout = build_layout(B, T, BT, "cpu")
+    grads = {}
+    for narrow in ("0", "1"):
+        monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", narrow)
+        factors = ut_factors_triton(*leaves, layout)
+        gen = torch.Generator().manual_seed(5)
+        upstream = [torch.randn(f.shape, generator=gen) * scale for f in factors]
+        grads[narrow] = torch.autograd.grad(factors, leaves, upstream)
+    (dq32, *rest32), (dq16, *rest16) = grads["0"], grads["1"]
+    assert torch.equal(dq16, dq32)
+    for name, a, b in zip(["dk", "dw", "dβ"], rest16, rest32):
+        assert torch.isfinite(a).all(), name
+        assert 0 < rel_rms(a, b) < 1e-3, f"{name}: {rel_rms(a, b)}"
+
+
 def test_split_backward_by_head_dim(monkeypatch):
     from pathlab.kernels._triton_ut import split_backward
 
@@ -522,14 +564,16 @@ def test_lambda_precision_choice(monkeypatch):
         _lambda_precision()
 
 
+@pytest.mark.parametrize("half", ["0", "1"], ids=["tf32", "fp16-narrow-scratch"])
 @pytest.mark.parametrize("split", ["0", "1"], ids=["three-kernel-backward", "split-backward"])
-def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, monkeypatch):
-    """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk,
-    dM freed once read) empties the list it is handed and returns exactly what ``consume=False`` returns; the
-    caller's copies are not touched by the non-consuming call."""
+def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, half, monkeypatch):
+    """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk when
+    the scratch is fp32, dM freed once read) empties the list it is handed and returns exactly what
+    ``consume=False`` returns; the caller's copies are not touched by the non-consuming call."""
     from pathlab.kernels._triton_ut import ut_backward, ut_forward
 
     monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
+    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", half)
     q, k, w, beta = token_inputs(1, 37, 4, 2, 16, (0.0, 2.0), seed=11)
     tokens = slot_tokens(build_layout(1, 37, 16, "cpu"), 1, 37)
     factors = ut_forward(q, k, w, beta, tokens, 16)[:4]
