@@ -31,7 +31,6 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16
             "CHUNK_INDEX": "*i64", "ORDER": "*i64", "SEQ_ORDER": "*i32", "SEQ_CHUNKS": "*i32", "DVO": "*bf16"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
 NARROW_SCRATCH = ("DU", "DX", "DKP", "DWP", "DAD")  # the UT backward's scratch, fp16 with NARROW
-NARROW_GRADS = ("DM", "DSD")  # dM and dS_d from the scan by sequence to the UT backward, fp16 with GRADS16
 
 
 def signature(kernel, constexprs, scan: bool):
@@ -43,8 +42,7 @@ def signature(kernel, constexprs, scan: bool):
             sig[name] = "constexpr"
         elif name.isupper() and name not in INTEGERS:
             key = f"{name}_SCAN" if scan and name in ("KS", "M") else name
-            narrow = (constexprs.get("NARROW") and name in NARROW_SCRATCH) or (
-                constexprs.get("GRADS16") and name in NARROW_GRADS)
+            narrow = constexprs.get("NARROW") and name in NARROW_SCRATCH
             sig[name] = "*fp16" if narrow else POINTERS.get(key, "*fp32")
         else:
             sig[name] = "fp32" if "scale" in name else "i32"
@@ -109,12 +107,6 @@ def cases(dims, GROUP=1):
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
                             LAMBDA_BF16=True, GATHER=False, V_GATHER=False),
                        warps, True, stages)
-            # dM and dS_d stored as scaled fp16 for the UT backward (``_triton_ut.narrow_scan_gradients``)
-            yield (f"scan_bwd_by_sequence D{D} gate={gate} R=1 warps=4 stages=2 grads16",
-                   _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
-                   dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=1, PREC="tf32", PREC32="tf32",
-                        LAMBDA_BF16=True, GATHER=False, V_GATHER=False, GRADS16=True),
-                   4, True, 2)
             for keep in (False, True):  # the forward keeping its carried states for the backward
                 yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", _triton_path._path_fwd_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D,
@@ -145,9 +137,6 @@ def cases(dims, GROUP=1):
                     warps = (_triton_ut.inverse_grads_warps if "inverse" in name else _triton_ut.num_warps)(D)
                     yield (f"{name.strip('_')} D{D} half narrow-scratch", kernel,
                            dict(BT=64, D=D, HALF=half, NARROW=True, **group), warps, False)
-                yield (f"ut_bwd_heads_kernel D{D} half narrow-scratch grads16", _triton_ut._ut_bwd_heads_kernel,
-                       dict(GROUP=GROUP, BT=64, D=D, HALF=half, NARROW=True, GRADS16=True),
-                       _triton_ut.num_warps(D), False)
 
 
 def main(argv=None):

@@ -27,7 +27,7 @@ import torch
 
 from ._layout import gather_chunks, state_rows
 from ._mode import unwritten
-from ._triton_ut import narrow_scan_gradients, ut_backward, ut_forward
+from ._triton_ut import ut_backward, ut_forward
 
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor v, Tensor? gl, Tensor? go, Tensor tokens, "
@@ -144,14 +144,9 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
 
 def _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a):
     """(dq, dk, dw, dβ, dv, dG_local) from the scan backward's outputs ``grads`` (a list the UT backward
-    consumes: the caller keeps no other reference to them; dV is already in v's layout; with the scales of dM and
-    dS_d last where the scan ran with ``narrow_grads``)."""
-    scales = None
-    if len(grads) == 8:
-        dsd_scales, dm_scales = grads.pop(), grads.pop()
-        scales = None if dm_scales is None else (dm_scales, dsd_scales)
+    consumes: the caller keeps no other reference to them; dV is already in v's layout)."""
     dg, dv = grads.pop(), grads.pop(2)
-    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True, grad_scales=scales)
+    dq, dk, dw, dbeta = ut_backward(grads, q, k, w, beta, tokens, block, a, consume=True)
     return dq, dk, dw, dbeta, dv, dg
 
 
@@ -284,8 +279,7 @@ def _saved_bwd_impl(do, q, k, w, beta, v, gl, go, o, lse, qs, ks, m, sd, a, stat
     vc = v if v_rows else gather_chunks(v, tokens, block)
     grads = list(_scan_bwd_impl(do, qs, ks, vc, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks,
                                 scale, programs, token_rows=(tokens, *v.shape[:2]), v_rows=v_rows,
-                                states=states if states.shape[1] else None,
-                                narrow_grads=narrow_scan_gradients(q.shape[3], q.dtype)))
+                                states=states if states.shape[1] else None))
     del vc
     return _ut_backward_after_scan(grads, q, k, w, beta, tokens, block, a)
 

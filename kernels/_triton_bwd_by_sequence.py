@@ -37,7 +37,6 @@ import triton
 import triton.language as tl
 
 from ._triton_path import _chunk_tokens, _load_rows, _state_base, _store_rows
-from ._triton_ut import _store_scratch
 
 
 @triton.jit
@@ -54,13 +53,12 @@ def _lambda_products(ql, lam, mt, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexp
 
 
 @triton.jit
-def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, DMS, DSDS, TOK,
+def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                first, count, m, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                scale_log2, n_state_rows, max_chunks,
                GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                DV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
-               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr,
-               GRADS16: tl.constexpr):
+               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr):
     """Key chunk m of the sequence (module docstring): its diagonal blocks and its pairs with query chunks
     m + 1 … count − 1 for every query head of kv head hk; writes dk̃_m, dV_m, dM_m and updates the query
     chunks' λ (in dq̃) and dG. ``CARRIED`` is False at m = 0, where λ is still zero: no λ products, no dM."""
@@ -103,7 +101,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             s += gk[:, None] - gk[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(vt), input_precision=PREC) - delta[:, None])
-        _store_scratch(DSD, DSDS, qrow * BT + tile_s, h * NC + kn, ds * scale, GRADS16)
+        tl.store(DSD + qrow * BT + tile_s, ds * scale)
         dv += tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)
         dg_key = 0.0
         if HAS_GATE:
@@ -149,26 +147,24 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             tl.atomic_add(DG + qrow + rows, dg_key, sem="relaxed")
     tl.store(DKS + krow * D + tile_d, dk * scale)
     _store_rows(DVO + hk * sdv_h, ktok, kvalid, sdv_t, vcol, dv.to(DVO.dtype.element_ty), GATHER)
-    _store_scratch(DM, DMS, (hk * NC + kn) * D * D + tile_dd, hk * NC + kn, dm, GRADS16)
+    tl.store(DM + (hk * NC + kn) * D * D + tile_dd, dm)
     tl.debug_barrier()  # this key chunk's writes of λ are visible to the whole program before the next reads them
 
 
 @triton.jit
 def _path_bwd_by_sequence_kernel(
-    KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, DMS, DSDS, SEQ_ORDER, SEQ_CHUNKS, TOK,
+    KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, SEQ_ORDER, SEQ_CHUNKS, TOK,
     NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2, n_state_rows, max_chunks,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False,
-    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False, GRADS16: tl.constexpr = False,
+    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """Program (p, hk): the sequence whose chunk 0 is chunk ``SEQ_ORDER[p]``, if ``SEQ_CHUNKS`` gives it a length
     (0 for chunks that start no sequence: such programs do nothing; the longest sequences come first), for kv
     head hk (module docstring). Rows of dO, o, δ (DELTA, strides (sdl_t, sdl_h)) and dV (DVO, strides
     (sdv_t, sdv_h)) are addressed as in ``_path_bwd_kernel``: (token r, head h) at r·s_t + h·s_h, r through
     ``TOK`` if ``GATHER``; V's rows likewise (strides (sv_t, sv_h), through ``TOK`` if ``V_GATHER``, else n·BT + i
-    for chunk n: v's chunk copy). dk̃, dM, dq̃, dS_d and dG in the chunk layout; dG zero on entry. With
-    ``GRADS16`` dM and dS_d are stored as scaled fp16 tiles, their scales in ``DMS [Hkv, NC]`` and
-    ``DSDS [H, NC]`` (``_triton_ut._store_scratch``: the operands the UT backward multiplies)."""
+    for chunk n: v's chunk copy). dk̃, dM, dq̃, dS_d and dG in the chunk layout; dG zero on entry."""
     first = tl.load(SEQ_ORDER + tl.program_id(0)).to(tl.int64)
     count = tl.load(SEQ_CHUNKS + first)
     hk = tl.program_id(1).to(tl.int64)
@@ -178,12 +174,12 @@ def _path_bwd_by_sequence_kernel(
         for g in range(GROUP):  # query chunk 0 is carried by no transition: dq̃ = 0
             tl.store(DQS + ((hk * GROUP + g) * NC + first) * BT * D + rows[:, None] * D + dcol[None, :],
                      tl.zeros([BT, D], dtype=tl.float32))
-        _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, DMS, DSDS, TOK,
+        _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, 0, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, False, GRADS16)
+                   GATHER, V_GATHER, False)
     for m in range(1, count):
-        _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, DMS, DSDS, TOK,
+        _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, m, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, True, GRADS16)
+                   GATHER, V_GATHER, True)

@@ -355,9 +355,10 @@ def _ut_fwd_kernel(
 
 
 @triton.jit
-def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm_h, dm_s, HALF: tl.constexpr):
-    """The paths through k̃ = K − Xᵀ W and M = Wᵀ U, from operands (``_operand``) of w, U, X and dM: (dU, dX, dK,
+def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm, HALF: tl.constexpr):
+    """The paths through k̃ = K − Xᵀ W and M = Wᵀ U, from operands (``_operand``) of w, U and X: (dU, dX, dK,
     dW) so far."""
+    dm_h, dm_s = _operand(dm, HALF)
     dke_h, dke_s = _operand(dk_end, HALF)
     du = _dot(w_h, 1.0, dm_h, dm_s, HALF)  # M = Wᵀ U
     dw = _dot(u_h, u_s, tl.trans(dm_h), dm_s, HALF)
@@ -367,21 +368,18 @@ def _end_gradients(w_h, u_h, u_s, x_h, x_s, dk_end, dm_h, dm_s, HALF: tl.constex
 
 
 @triton.jit
-def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, DMS, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
-                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                         GRADS16: tl.constexpr):
+def _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                         sb_b, sb_t, sb_h, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
     """The program's chunk (as ``_this_chunk``), U and X, the operands of w, U, X and K (``_operand``; w's scale
-    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM (with ``GRADS16``
-    dM as the scan stored it, a scaled fp16 tile and its scale in ``DMS [Hkv, NC]``: ``_store_scratch``)."""
+    is 1), the offsets of its ``[BT, D]`` rows and :func:`_end_gradients` from its dk̃ and dM."""
     n, hk, rows, dcol, tok, valid, w, norm, k, b, a = _this_chunk(
         W, K, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h, sb_b, sb_t, sb_h, BT, D)
     u, x, w_h, k_h, k_s = _chunk_factors(a, w, k, b, rows, HALF)
     u_h, u_s = _operand(u, HALF)
     x_h, x_s = _operand(x, HALF)
     chunk = ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :]
-    dm_h, dm_s = _scratch_operand(DM, DMS, (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :], hk * NC + n,
-                                  GRADS16, HALF)
-    du, dx, dk, dw = _end_gradients(w_h, u_h, u_s, x_h, x_s, tl.load(DKS + chunk), dm_h, dm_s, HALF)
+    dm = tl.load(DM + (hk * NC + n) * D * D + dcol[:, None] * D + dcol[None, :])
+    du, dx, dk, dw = _end_gradients(w_h, u_h, u_s, x_h, x_s, tl.load(DKS + chunk), dm, HALF)
     return (n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk,
             du, dx, dk, dw)
 
@@ -396,8 +394,8 @@ def _ut_bwd_end_kernel(
     ``_ut_bwd_sums_kernel`` adds to, and U, X for ``_ut_bwd_dq_kernel``; its own kernel so that no program
     holds dM's D×D tile, or the tiles that form U and X, beside the query heads' tiles."""
     n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
-        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
-                             sb_b, sb_t, sb_h, BT, D, HALF, False)
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     square = ((hk * NC + n) * BT + rows[:, None]) * BT + rows[None, :]
     tl.store(US + chunk, u)
     tl.store(XS + square, x)
@@ -434,18 +432,15 @@ def _query_head_sums(q, w_h, dqs_h, dqs_s, ds_h, ds_s, dqw_h, dqw_s, lower, du, 
 
 @triton.jit
 def _ut_bwd_heads_kernel(
-    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, SC, DMS, DSDS, NC, T, NTOK,
+    Q, K, W, BETA, TOK, AINV, DQS, DKS, DM, DSD, DQ, DU, DX, DKP, DWP, SC, NC, T, NTOK,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sw_b, sw_t, sw_h, sb_b, sb_t, sb_h,
     GROUP: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NARROW: tl.constexpr = False,
-    GRADS16: tl.constexpr = False,
 ):
     """Backward, first half: dq of every query head of the group (final), and dU, dX and the partial dk, dw
-    (everything but the paths through A D_β and W Kᵀ) into scratch ``[Hkv, NC, BT, ·]`` (``_store_scratch``).
-    With ``GRADS16`` dM and dS_d come as the scan by sequence stored them: scaled fp16 tiles, their scales in
-    ``DMS [Hkv, NC]`` and ``DSDS [H, NC]`` (``narrow_scan_gradients``)."""
+    (everything but the paths through A D_β and W Kᵀ) into scratch ``[Hkv, NC, BT, ·]`` (``_store_scratch``)."""
     n, hk, rows, dcol, tok, valid, u, x, w_h, u_h, u_s, x_h, x_s, k_h, k_s, chunk, du, dx, dk, dw = \
-        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, DMS, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
-                             sb_b, sb_t, sb_h, BT, D, HALF, GRADS16)
+        _chunk_end_gradients(W, K, BETA, TOK, AINV, DKS, DM, NC, T, NTOK, sw_b, sw_t, sw_h, sk_b, sk_t, sk_h,
+                             sb_b, sb_t, sb_h, BT, D, HALF)
     lower = rows[:, None] >= rows[None, :]
     H = GROUP * tl.num_programs(1)
     for gi in range(GROUP):
@@ -453,7 +448,7 @@ def _ut_bwd_heads_kernel(
         qrow = (h * NC + n) * BT + rows[:, None]
         dq_start = tl.load(DQS + qrow * D + dcol[None, :])
         dqs_h, dqs_s = _operand(dq_start, HALF)
-        ds_h, ds_s = _scratch_operand(DSD, DSDS, qrow * BT + rows[None, :], h * NC + n, GRADS16, HALF)
+        ds_h, ds_s = _operand(tl.load(DSD + qrow * BT + rows[None, :]), HALF)
         dq, dqw, dqw_h, dqw_s = _query_head_dq(dq_start, dqs_h, dqs_s, ds_h, ds_s, u_h, u_s, x_h, x_s, k_h, k_s,
                                                w_h, lower, HALF)
         tl.store(DQ + (tok[:, None] * H + h) * D + dcol[None, :], dq, mask=valid[:, None])  # contiguous [B, T, H, D]
@@ -706,16 +701,6 @@ def narrow_scratch(split, half):
     return switch("PATHLAB_PATH_UT_SCRATCH16", True) and not split and half == int(FP16)
 
 
-def narrow_scan_gradients(D, dtype):
-    """Whether the scan by sequence stores dM and dS_d as the scaled fp16 operands that the three-kernel UT
-    backward's heads kernel multiplies (``_store_scratch``; their only use there), half the bytes, for the fused
-    routes' backward (``PATHLAB_PATH_UT_GRADS16``: auto = where ``narrow_scratch`` holds for inputs of ``dtype``,
-    0, 1, which only takes effect there). Bit for bit the same gradients: the scan scales the fp32 tiles it
-    would have stored exactly as the heads kernel would."""
-    return switch("PATHLAB_PATH_UT_GRADS16", True) and narrow_scratch(split_backward(D),
-                                                                      half_operands(backward=True, dtype=dtype))
-
-
 def gram_on_16_bit_rows(dtype):
     """Whether the inverse kernel forms W Wᵀ in one pass on the fp16/bf16 rows of w (``_gram_16_bit``: their
     products are exact in fp32; the norms scale the sums after) instead of three tf32 passes on the normalised
@@ -790,10 +775,9 @@ def _ut_fwd_fake(q, k, w, beta, tokens, block):
             torch.empty((Hkv, NC, D, D), **f32), torch.empty((H, NC, block, block), **f32))
 
 
-def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False, grad_scales=None):
+def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     """(dq, dk, dw, dβ) from the factors' gradients ``grads = [dq̃, dk̃, dM, dS_d]``; ``a`` is the inverse from
-    :func:`ut_forward` of the same inputs, or None to compute it here. ``grad_scales = (dM's, dS_d's)``
-    (``[Hkv, NC]``, ``[H, NC]`` fp32): dM and dS_d are scaled fp16 tiles (``narrow_scan_gradients``).
+    :func:`ut_forward` of the same inputs, or None to compute it here.
 
     ``consume=True`` hands the gradients over (the caller keeps no other reference): the list is emptied, dk̃'s
     buffer takes the partial dk in place when the scratch is fp32 (each program reads its rows before writing
@@ -809,9 +793,6 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False, g
     strides = _strides(q, k, w, beta)
     split, half = split_backward(D), half_operands(backward=True, dtype=q.dtype)
     narrow = narrow_scratch(split, half)
-    if grad_scales is not None and not narrow_scan_gradients(D, q.dtype):
-        raise ValueError("grad_scales (dM and dS_d as scaled fp16 tiles) need narrow_scan_gradients for these inputs")
-    dm_scales, dsd_scales = (dm, dsd) if grad_scales is None else grad_scales
     out = dict(dtype=torch.float32, device=q.device)
     scratch = dict(dtype=torch.float16 if narrow else torch.float32, device=q.device)
     dk_part = dks if consume and not narrow else torch.empty((Hkv, NC, BT, D), **scratch)
@@ -838,9 +819,9 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False, g
         else:
             xs = dx  # takes d(A D_β): each program of the chunk kernel reads its dX before writing there
             _launch(_ut_bwd_heads_kernel, (NC, Hkv), q, k, w, beta, tokens, a, dqs, dks, dm, dsd, dq, du, dx,
-                    dk_part, dw_part, scales, dm_scales, dsd_scales, NC, T, B * T, *strides, GROUP=H // Hkv,
-                    BT=BT, D=D, HALF=half, NARROW=narrow, GRADS16=grad_scales is not None)
-            del dqs, dks, dm, dsd, dm_scales, dsd_scales  # read: with ``consume`` their memory goes back now
+                    dk_part, dw_part, scales, NC, T, B * T, *strides, GROUP=H // Hkv, BT=BT, D=D, HALF=half,
+                    NARROW=narrow)
+            del dqs, dks, dm, dsd  # read: with ``consume`` their memory goes back now
         _launch(_ut_bwd_chunk_kernel, (NC, Hkv), k, w, beta, tokens, a, du, dx, dk_part, dw_part, dk, xs, scales,
                 NC, T, B * T, *strides[3:], BT=BT, D=D, HALF=half, NARROW=narrow)
         _launch(_ut_bwd_inverse_kernel, (NC, Hkv), w, beta, tokens, a, xs, dw_part, dw, dbeta, scales, NC, T, B * T,

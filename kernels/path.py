@@ -264,7 +264,7 @@ def _delta(do, o):
 
 
 def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
-                   programs, into_inputs=False, token_rows=None, v_rows=False, states=None, narrow_grads=False):
+                   programs, into_inputs=False, token_rows=None, v_rows=False, states=None):
     """Backward scan: (dq̃, dk̃, dV, dM, dS_d, dG_local), fp32 except dV (v's dtype, in the chunk layout or, with
     ``token_rows``, in v's). dG_local is an empty tensor when there is no gate. ``programs`` = 0 picks the
     default number of persistent programs.
@@ -277,10 +277,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     registers and written once, in v's dtype and layout), else by query chunk. By query chunk dV is summed in the
     chunk layout (in fp32) and copied back: summed in v's layout, fwd+bwd took 1.7% longer at T = 512, 12×64, on an
     H200 (3.47 against 3.41 ms; 2.3% for PaTH-FoX; the same at T = 4096;
-    ``benchmarks/results/kernels-h200-dv-rows-*.json``).
-    ``narrow_grads=True`` (not with ``into_inputs``; for a caller that hands dM and dS_d to the UT backward, where
-    ``_triton_ut.narrow_scan_gradients`` holds): two more outputs, the scales of dM and dS_d, which the backward
-    by sequence then stores as scaled fp16 tiles; None, None (and fp32 dM, dS_d) where it runs by query chunk."""
+    ``benchmarks/results/kernels-h200-dv-rows-*.json``)."""
     from ._triton_path import _path_bwd_kernel
 
     if into_inputs and (qs.dtype != torch.float32 or sd.dtype != torch.float32):
@@ -309,19 +306,15 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
         delta = (do.float() * o.float()).sum(-1).contiguous()
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
-    if narrow_grads and into_inputs:
-        raise ValueError("narrow_grads stores dS_d in fp16: not into S_d's buffer (into_inputs)")
     if into_inputs:
         dqs, dsd = qs, sd
     else:
         dqs = unwritten((H, NC, BT, D), **f32)
-        dsd = unwritten((H, NC, BT, BT), dtype=torch.float16 if narrow_grads and by_sequence else torch.float32,
-                        device=dev)
+        dsd = unwritten((H, NC, BT, BT), **f32)
     has_gate = gl is not None
     if by_sequence:
         return _scan_bwd_by_sequence(do, ks_l, v, m_l, sd, gl, go, lse, delta, states, dqs, dsd, chunk_first, tok,
-                                     n_tok, (so_t, so_h), (sv_t, sv_h), v_rows, token_rows, max_chunks, scale,
-                                     narrow_grads)
+                                     n_tok, (so_t, so_h), (sv_t, sv_h), v_rows, token_rows, max_chunks, scale)
     dks = torch.zeros((Hkv, NC, BT, D), **f32)
     dv = torch.zeros((Hkv, NC, BT, DV), **f32)
     dm = torch.zeros((Hkv, NC, D, D), **f32)
@@ -356,7 +349,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     )
     if token_rows is not None:
         dv = scatter_chunks(dv, token_rows[0], token_rows[1], token_rows[2], v.dtype)
-    return (dqs, dks, dv.to(v.dtype), dm, dsd, dg) + ((None, None) if narrow_grads else ())
+    return dqs, dks, dv.to(v.dtype), dm, dsd, dg
 
 
 # The backward by sequence wants at least this many programs per multiprocessor (not tuned: at the model's shape,
@@ -392,11 +385,10 @@ def _by_sequence_launch() -> tuple[int, int, int]:
 
 
 def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd, chunk_first, tok, n_tok,
-                          o_strides, v_strides, v_rows, token_rows, max_chunks, scale, narrow_grads=False):
+                          o_strides, v_strides, v_rows, token_rows, max_chunks, scale):
     """The backward by sequence (``_triton_bwd_by_sequence``) for :func:`_scan_bwd_impl`, which prepared its
     inputs (k̃ and M in the scan's dtype, v as the kernels read it, δ) and the buffers of dq̃ and dS_d. Returns
-    what that function returns; dV is written by the kernel in v's dtype, in v's layout with ``token_rows``;
-    with ``narrow_grads`` dM and dS_d (whose buffer is then fp16) in scaled fp16, and their scales."""
+    what that function returns; dV is written by the kernel in v's dtype, in v's layout with ``token_rows``."""
     from ._triton_bwd_by_sequence import _path_bwd_by_sequence_kernel
 
     H, NC, BT, D = dqs.shape
@@ -407,12 +399,7 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         0, chunk_first.long(), torch.ones(NC, dtype=torch.int32, device=dev))
     seq_order = torch.argsort(seq_chunks, descending=True, stable=True).to(torch.int32)
     dks = unwritten((Hkv, NC, BT, D), **f32)
-    grads = dict(dtype=torch.float16 if narrow_grads else torch.float32, device=dev)
-    dm = unwritten((Hkv, NC, D, D), **grads)
-    if narrow_grads:
-        dm_scales, dsd_scales = unwritten((Hkv, NC), **f32), unwritten((H, NC), **f32)
-    else:
-        dm_scales, dsd_scales = dm, dsd  # not read
+    dm = unwritten((Hkv, NC, D, D), **f32)
     if token_rows is None:  # chunk layout: row n·BT + i of chunk n
         dv = unwritten((Hkv, NC, BT, DV), dtype=v.dtype, device=dev)
         dv_strides = (DV, NC * BT * DV)
@@ -427,15 +414,15 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
     so_t, so_h = o_strides
     _path_bwd_by_sequence_kernel[(NC, Hkv)](
         ks, v, m, sd, gl.contiguous() if has_gate else dqs, go.contiguous() if has_gate else dqs, do, lse, delta,
-        states, dqs, dks, dv, dm, dsd, dg if has_gate else dqs, dm_scales, dsd_scales, seq_order, seq_chunks, tok,
+        states, dqs, dks, dv, dm, dsd, dg if has_gate else dqs, seq_order, seq_chunks, tok,
         NC, n_tok, so_t, so_h, so_t // DV, so_h // DV, *v_strides, *dv_strides, scale, scale * LOG2E,
         states.shape[1], max_chunks,
         GROUP=H // Hkv, HAS_GATE=has_gate, BT=BT, D=D, DV=DV, R=R,
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
-        GATHER=gather, V_GATHER=gather and v_rows, GRADS16=narrow_grads, num_warps=num_warps, num_stages=num_stages,
+        GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
     )
-    return (dqs, dks, dv, dm, dsd, dg) + ((dm_scales, dsd_scales) if narrow_grads else ())
+    return dqs, dks, dv, dm, dsd, dg
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,

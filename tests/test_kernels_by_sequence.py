@@ -109,65 +109,6 @@ def test_saving_route_by_sequence_matches_reference(monkeypatch, gate):
             ut="triton_saved")
 
 
-def test_narrow_gradients_are_the_fp32_ones_rounded(monkeypatch):
-    """``narrow_grads``: by sequence, dM and dS_d come as scaled fp16 tiles with a scale per tile that give back the
-    fp32 ones to fp16 rounding (the scales are powers of two), the other outputs bit for bit; by query chunk
-    they stay fp32 and the scales are None; not into the inputs' buffers."""
-    args, kwargs = scan_case([70, 40, 9], 4, 2, 16, 16, torch.float16, False, True, True)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    wide = _scan_bwd_impl(*args, **kwargs)
-    *narrow, dm_scales, dsd_scales = _scan_bwd_impl(*args, **kwargs, narrow_grads=True)
-    for name, a, b in zip(NAMES, narrow, wide):
-        if name in ("dM", "dS_d"):
-            assert a.dtype == torch.float16 and b.dtype == torch.float32, name
-            scales = dm_scales if name == "dM" else dsd_scales
-            assert torch.equal(torch.exp2(torch.log2(scales).round()), scales), f"{name}: scales not powers of 2"
-            back = a.float() * scales[..., None, None]
-            err = rel_err(back, b)
-            assert 0 < err < 2 ** -11, f"{name}: {err}"
-        else:
-            assert torch.equal(a, b), name
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0")
-    *by_chunk, no_dm, no_dsd = _scan_bwd_impl(*args, **kwargs, narrow_grads=True)
-    assert no_dm is None and no_dsd is None and by_chunk[3].dtype == by_chunk[4].dtype == torch.float32
-    with pytest.raises(ValueError, match="narrow_grads"):
-        _scan_bwd_impl(*args, **kwargs, narrow_grads=True, into_inputs=True)
-
-
-def test_saving_route_with_narrow_gradients_is_bit_for_bit_the_same(monkeypatch):
-    """fp16 inputs on the saving route by sequence: with dM and dS_d handed to the UT backward as scaled fp16
-    (``PATHLAB_PATH_UT_GRADS16``, the default there) every gradient equals the one through fp32 dM and dS_d."""
-    from test_kernels import make
-
-    from pathlab.kernels import path as path_module
-    from pathlab.kernels import path_attention_triton
-
-    kept = []
-    by_sequence = path_module._scan_bwd_by_sequence
-
-    def spy(*args, **kwargs):
-        out = by_sequence(*args, **kwargs)
-        kept.append(out[3].dtype)
-        return out
-
-    monkeypatch.setattr(path_module, "_scan_bwd_by_sequence", spy)
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    lengths = [50, 16, 97, 9]
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    q, k, v, w, beta, _ = make(1, sum(lengths), 4, 2, 32, 32, torch.float16, gate=False)
-    do = torch.randn_like(q)
-    grads = {}
-    for narrow in ("0", "1"):
-        monkeypatch.setenv("PATHLAB_PATH_UT_GRADS16", narrow)
-        leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta)]
-        o = path_attention_triton(*leaves, None, cu_seqlens=cu, block_size=16, ut="triton_saved")
-        grads[narrow] = [o.detach()] + list(torch.autograd.grad(o, leaves, do))
-    assert kept == [torch.float32, torch.float16]
-    for name, a, b in zip(["o", "dq", "dk", "dv", "dw", "dβ"], grads["1"], grads["0"]):
-        assert torch.isfinite(a).all() and torch.equal(a, b), name
-
-
 def test_backward_by_sequence_policy(monkeypatch):
     """By sequence when the sequences (at least NC / max_chunks of them) times the kv heads give each of the
     device's multiprocessors a program (2 on a CPU) and there is no gate; ``1`` and ``0`` force it; the launch

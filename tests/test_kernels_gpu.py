@@ -183,24 +183,6 @@ def test_bf16_ut_product_operands(mode, gate, monkeypatch):
     _check_bf16_against_oracle(4096, "torch", gate, f"ut-half={mode}")
 
 
-@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_narrow_scan_gradients_change_nothing(gate, monkeypatch):
-    """dM and dS_d from the scan by sequence as scaled fp16 (``PATHLAB_PATH_UT_GRADS16``) give the gradients of
-    fp32 dM and dS_d bit for bit: the scan scales them as the UT backward would."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    leaves, do, fast = bf16_case(1000, 4, 2, 64, gate)
-    got = {}
-    for narrow in ("0", "1"):
-        monkeypatch.setenv("PATHLAB_PATH_UT_GRADS16", narrow)
-        got[narrow] = grads_of(fast, leaves, do)
-    for name, a, b in zip(["o", "dq", "dk", "dv", "dw", "dbeta"], got["1"], got["0"]):
-        assert torch.equal(a, b), f"{name}: largest difference {(a.float() - b.float()).abs().max():.3g}"
-    if gate:  # dG is summed by atomics, in no fixed order
-        assert rel_rms(got["1"][6], got["0"][6]) < 1e-5
-
-
 @pytest.mark.parametrize("scratch", ["1", "0"], ids=["fp16-scratch", "fp32-scratch"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_ut_backward_scratch(scratch, gate, monkeypatch):
