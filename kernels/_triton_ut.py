@@ -126,13 +126,14 @@ def _dot(a, sa, b, sb, HALF: tl.constexpr):
 
 # Scratch between the backward's kernels (dU, dX, the partial dk and dw, d(A D_β)): fp32 tiles, or with ``NARROW``
 # (``narrow_scratch``) each tile as its scaled fp16 operand of ``_to_half`` and the scale, one fp32 per tile, in
-# ``SC [4, Hkv, NC]``: slot 0 dU, 1 dX and then d(A D_β) over it, 2 the partial dk, 3 dw so far.
+# ``SC [4, Hkv, NC]``: slot 0 dU, 1 dX and then d(A D_β) over it, 2 the partial dk, 3 the partial dw and then dw
+# so far.
 
 
 @triton.jit
 def _store_scratch(X, SC, offs, slot, x, NARROW: tl.constexpr):
     """x ``[BT, ·]`` fp32 into scratch X at ``offs``, or with ``NARROW`` as ``_to_half(x)``: the fp16 tile there and
-    its scale at ``SC[slot, hk, n]`` (``slot`` already the flat index)."""
+    its scale at ``SC + slot`` (``slot``: the flat index of (slot, kv head, chunk) in ``SC``)."""
     if NARROW:
         xh, xs = _to_half(x)
         tl.store(X + offs, xh)
@@ -798,7 +799,8 @@ def ut_backward(grads, q, k, w, beta, tokens, block, a=None, *, consume=False):
     dk_part = dks if consume and not narrow else torch.empty((Hkv, NC, BT, D), **scratch)
     du, dw_part = (torch.empty((Hkv, NC, BT, D), **scratch) for _ in range(2))
     dx = torch.empty((Hkv, NC, BT, BT), **scratch)
-    scales = torch.empty((4, Hkv, NC), **out) if narrow else dx  # the scratch tiles' scales (``_store_scratch``)
+    # the scratch tiles' scales (``_store_scratch``); with fp32 scratch the kernels take dx there and never read it
+    scales = torch.empty((4, Hkv, NC), **out) if narrow else dx
     if NC > 0:
         a = _inverse(w, beta, tokens, T, BT) if a is None else a
         if split:
