@@ -38,6 +38,10 @@ import triton.language as tl
 
 from ._triton_path import _chunk_tokens, _load_rows, _state_base, _store_rows
 
+# Columns of the block of ones that the gate's sums over dS take as a product operand (``GATE_DOTS``): the
+# narrowest tile the tensor cores take.
+GATE_COLS: tl.constexpr = tl.constexpr(16)
+
 
 @triton.jit
 def _lambda_products(ql, lam, mt, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr):
@@ -58,7 +62,8 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
                scale_log2, n_state_rows, max_chunks,
                GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                DV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
-               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr):
+               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr,
+               GATE_DOTS: tl.constexpr):
     """Key chunk m of the sequence (module docstring): its diagonal blocks and its pairs with query chunks
     m + 1 … count − 1 for every query head of kv head hk; writes dk̃_m, dV_m, dM_m and updates the query
     chunks' λ (in dq̃) and dG. ``CARRIED`` is False at m = 0, where λ is still zero: no λ products, no dM."""
@@ -85,6 +90,10 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
     dk = tl.zeros([BT, D], dtype=tl.float32)
     dv = tl.zeros([BT, DV], dtype=tl.float32)
     dm = tl.zeros([D, D], dtype=tl.float32)
+    if GATE_DOTS:  # the gate's sums over dS as products with a block of ones (every column the same sums)
+        ones_q = tl.full([R * BT, GATE_COLS], 1.0, gradp)
+        ones_k = tl.full([BT, GATE_COLS], 1.0, gradp)
+        first_col = tl.arange(0, GATE_COLS)[None, :] == 0
     for g in range(GROUP):
         h = hk * GROUP + g
         qrow = (h * NC + kn) * BT
@@ -106,6 +115,8 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
         dg_key = 0.0
         if HAS_GATE:
             dg_key = tl.sum(ds, 1) - tl.sum(ds, 0)  # chunk m's own rows: as queries of the block and as its keys
+            if GATE_DOTS:
+                dg_cols = tl.zeros([BT, GATE_COLS], dtype=tl.float32)  # Σ over later query rows of dS, by key
         # the later query chunks, R to a tile
         for c0 in range(m + 1, count, R):
             c = c0 + qr // BT
@@ -141,9 +152,17 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
                 step += lam
             tl.store(lam_ptr, step, mask=inside[:, None])
             if HAS_GATE:  # relaxed atomics: no load on the pair's path (the sums are read after the kernel)
-                tl.atomic_add(DG + qrows, tl.sum(ds_q, 1), mask=inside, sem="relaxed")
-                dg_key -= tl.sum(ds_q, 0)
+                if GATE_DOTS:  # dS's row sums and column sums on the tensor cores, from dS's operand
+                    row_sums = tl.dot(dsg, ones_k, input_precision=PREC)  # [R·BT, GATE_COLS]
+                    tl.atomic_add(DG + qrows[:, None] + 0 * first_col, row_sums, mask=inside[:, None] & first_col,
+                                  sem="relaxed")
+                    dg_cols += tl.dot(tl.trans(dsg), ones_q, input_precision=PREC)
+                else:
+                    tl.atomic_add(DG + qrows, tl.sum(ds_q, 1), mask=inside, sem="relaxed")
+                    dg_key -= tl.sum(ds_q, 0)
         if HAS_GATE:
+            if GATE_DOTS:  # column 0 of the sums (a sum over zeros elsewhere: exact)
+                dg_key -= tl.sum(tl.where(first_col, dg_cols, 0.0), 1)
             tl.atomic_add(DG + qrow + rows, dg_key, sem="relaxed")
     tl.store(DKS + krow * D + tile_d, dk * scale)
     _store_rows(DVO + hk * sdv_h, ktok, kvalid, sdv_t, vcol, dv.to(DVO.dtype.element_ty), GATHER)
@@ -157,7 +176,7 @@ def _path_bwd_by_sequence_kernel(
     NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2, n_state_rows, max_chunks,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False,
-    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
+    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False, GATE_DOTS: tl.constexpr = False,
 ):
     """Program (p, hk): the sequence whose chunk 0 is chunk ``SEQ_ORDER[p]``, if ``SEQ_CHUNKS`` gives it a length
     (0 for chunks that start no sequence: such programs do nothing; the longest sequences come first), for kv
@@ -177,9 +196,9 @@ def _path_bwd_by_sequence_kernel(
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, 0, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, False)
+                   GATHER, V_GATHER, False, GATE_DOTS)
     for m in range(1, count):
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, m, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, True)
+                   GATHER, V_GATHER, True, GATE_DOTS)

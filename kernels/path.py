@@ -421,8 +421,17 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
+        GATE_DOTS=has_gate and gate_sums_by_products(),
     )
     return dqs, dks, dv, dm, dsd, dg
+
+
+def gate_sums_by_products() -> bool:
+    """Whether the backward by sequence forms the gate's sums of dS over keys (dG of the queries) and over
+    queries (dG of the keys) as products of dS's 16-bit operand with a block of ones on the tensor cores, instead
+    of reductions of the fp32 dS across the program's threads (``PATHLAB_PATH_BWD_GATE_DOTS``: 1, 0 or auto, off).
+    Both sums then add the same rounded dS, so the dG of a sequence still sums to zero up to fp32 rounding."""
+    return _switch("PATHLAB_PATH_BWD_GATE_DOTS", False)
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,
