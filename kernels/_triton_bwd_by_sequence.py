@@ -104,10 +104,10 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
         s = tl.load(SD + qrow * BT + tile_s) * scale_log2
         gk = 0.0
         go_k = 0.0
-        if HAS_GATE:
+        if HAS_GATE:  # the query rows' G_local is inside LSE (the kernel's docstring)
             gk = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_k = tl.load(GO + h * NC + kn)  # fp64
-            s += gk[:, None] - gk[None, :]
+            s -= gk[None, :]
         p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(vt), input_precision=PREC) - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
@@ -135,9 +135,13 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             delta_q = tl.load(DELTA + qtok * sdl_t + h * sdl_h, mask=qvalid, other=0.0)
             s_q = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
             if HAS_GATE:  # G_i − G_j = (G_local_i + offset_c − offset_m) − G_local_j, the offsets' difference in fp64
-                shift = (tl.load(GO + h * NC + qn, mask=inside, other=0.0) - go_k).to(tl.float32)
-                gq = (tl.load(GL + qrows, mask=inside, other=0.0) + shift) * 1.4426950408889634
-                s_q += gq[:, None] - gk[None, :]
+                # (G_local_i is in LSE)
+                if R == 1:  # one offset for the tile: added to the key side's terms, a row of BT
+                    shift = (tl.load(GO + h * NC + first + c0) - go_k).to(tl.float32)
+                    s_q += (shift * 1.4426950408889634 - gk)[None, :]
+                else:
+                    shift = (tl.load(GO + h * NC + qn, mask=inside, other=0.0) - go_k).to(tl.float32)
+                    s_q += (shift * 1.4426950408889634)[:, None] - gk[None, :]
             p_q = tl.math.exp2(s_q - lse_q[:, None])
             ds_q = p_q * (tl.dot(do_q, tl.trans(vt), input_precision=PREC) - delta_q[:, None])
             dv += tl.dot(tl.trans(p_q.to(gradp)), do_q, input_precision=PREC)
@@ -154,8 +158,12 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             if HAS_GATE:  # relaxed atomics: no load on the pair's path (the sums are read after the kernel)
                 if GATE_DOTS:  # dS's row sums and column sums on the tensor cores, from dS's operand
                     row_sums = tl.dot(dsg, ones_k, input_precision=PREC)  # [R·BT, GATE_COLS]
-                    tl.atomic_add(DG + qrows[:, None] + 0 * first_col, row_sums, mask=inside[:, None] & first_col,
-                                  sem="relaxed")
+                    if GATE_DOTS == 2:
+                        tl.atomic_add(DG + qrows[:, None] + 0 * first_col, row_sums, mask=inside[:, None] & first_col,
+                                      sem="relaxed")
+                    else:
+                        row_sums = tl.sum(tl.where(first_col, row_sums, 0.0), 1)  # column 0, in each thread's rows
+                        tl.atomic_add(DG + qrows, row_sums, mask=inside, sem="relaxed")
                     dg_cols += tl.dot(tl.trans(dsg), ones_q, input_precision=PREC)
                 else:
                     tl.atomic_add(DG + qrows, tl.sum(ds_q, 1), mask=inside, sem="relaxed")
@@ -183,7 +191,9 @@ def _path_bwd_by_sequence_kernel(
     head hk (module docstring). Rows of dO, o, δ (DELTA, strides (sdl_t, sdl_h)) and dV (DVO, strides
     (sdv_t, sdv_h)) are addressed as in ``_path_bwd_kernel``: (token r, head h) at r·s_t + h·s_h, r through
     ``TOK`` if ``GATHER``; V's rows likewise (strides (sv_t, sv_h), through ``TOK`` if ``V_GATHER``, else n·BT + i
-    for chunk n: v's chunk copy). dk̃, dM, dq̃, dS_d and dG in the chunk layout; dG zero on entry."""
+    for chunk n: v's chunk copy). dk̃, dM, dq̃, dS_d and dG in the chunk layout; dG zero on entry. With the gate,
+    LSE holds the log-sum-exp (log₂) minus the row's G_local·log₂e, so that a pair adds only the key side's terms
+    to S (no load of the query rows' gate per pair)."""
     first = tl.load(SEQ_ORDER + tl.program_id(0)).to(tl.int64)
     count = tl.load(SEQ_CHUNKS + first)
     hk = tl.program_id(1).to(tl.int64)

@@ -412,6 +412,8 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
     gather = n_tok != NC * BT
     R, num_warps, num_stages = _by_sequence_launch()
     so_t, so_h = o_strides
+    if has_gate:  # the query rows' G_local moves into the log-sum-exp (the kernel's docstring)
+        lse = (lse - gl * LOG2E).contiguous()
     _path_bwd_by_sequence_kernel[(NC, Hkv)](
         ks, v, m, sd, gl.contiguous() if has_gate else dqs, go.contiguous() if has_gate else dqs, do, lse, delta,
         states, dqs, dks, dv, dm, dsd, dg if has_gate else dqs, seq_order, seq_chunks, tok,
@@ -421,7 +423,8 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
-        GATE_DOTS=has_gate and gate_sums_by_products(),
+        GATE_DOTS=(2 if os.environ.get("PATHLAB_EXPERIMENT_GATE_TILE") == "1" else 1)
+        if has_gate and gate_sums_by_products() else 0,
     )
     return dqs, dks, dv, dm, dsd, dg
 
