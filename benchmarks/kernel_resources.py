@@ -102,13 +102,11 @@ def cases(dims, GROUP=1):
                    4, True)
             # the backward by sequence (R query chunks a tile, warps, pipeline stages)
             for R, warps, stages in ((1, 4, 1), (1, 4, 2), (1, 4, 3), (1, 8, 2), (2, 8, 1), (2, 8, 2)):
-                for dots in (False, True) if gate else (False,):  # the gate's sums as products with ones
-                    yield (f"scan_bwd_by_sequence D{D} gate={gate}{' dots' if dots else ''} R={R} warps={warps} "
-                           f"stages={stages}",
-                           _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
-                           dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
-                                LAMBDA_BF16=True, GATHER=False, V_GATHER=False, GATE_DOTS=dots),
-                           warps, True, stages)
+                yield (f"scan_bwd_by_sequence D{D} gate={gate} R={R} warps={warps} stages={stages}",
+                       _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
+                       dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
+                            LAMBDA_BF16=True, GATHER=False, V_GATHER=False),
+                       warps, True, stages)
             for keep in (False, True):  # the forward keeping its carried states for the backward
                 yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", _triton_path._path_fwd_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D,

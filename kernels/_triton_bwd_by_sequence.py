@@ -26,7 +26,12 @@ scan by query chunk without its replay, seven per pair, but
 
 Each program owns its sequence's rows of dq̃ and dS_d for its query heads, and reads λ back one key chunk after
 it wrote it (a barrier between key chunks makes the writes of every thread visible), and its rows of dk̃, dV and
-dM. The gate's dG gets its sums by relaxed atomics (dG is zero on entry). There are only (sequences × kv heads)
+dM. The gate's dG gets its sums by relaxed atomics (dG is zero on entry). A pair's sums of dS over its keys (the
+query rows' share of dG) and over its queries (the key rows' share) are products of dS's 16-bit operand with a
+block of ones, on the tensor cores: the reductions across the program's threads that they replace, and a load of
+the query rows' gate that the log-sum-exp now carries, took the kernel from 1.89 to 1.22 ms with the gate at one
+``owt16`` layer on an H200 (``benchmarks/results/kernels-h200-gate-dots-*.json``). Both sums add the same rounded
+dS, so a sequence's dG still sums to zero up to fp32 rounding. There are only (sequences × kv heads)
 programs, so this order suits many short sequences, model training's case; ``path.backward_by_sequence``
 decides. δ_i = dO_i · o_i comes from a pass before the kernel.
 """
@@ -38,8 +43,8 @@ import triton.language as tl
 
 from ._triton_path import _chunk_tokens, _load_rows, _state_base, _store_rows
 
-# Columns of the block of ones that the gate's sums over dS take as a product operand (``GATE_DOTS``): the
-# narrowest tile the tensor cores take.
+# Columns of the block of ones that the gate's sums over dS take as a product operand: the narrowest tile the
+# tensor cores take.
 GATE_COLS: tl.constexpr = tl.constexpr(16)
 
 
@@ -62,8 +67,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
                scale_log2, n_state_rows, max_chunks,
                GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                DV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
-               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr,
-               GATE_DOTS: tl.constexpr):
+               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr):
     """Key chunk m of the sequence (module docstring): its diagonal blocks and its pairs with query chunks
     m + 1 … count − 1 for every query head of kv head hk; writes dk̃_m, dV_m, dM_m and updates the query
     chunks' λ (in dq̃) and dG. ``CARRIED`` is False at m = 0, where λ is still zero: no λ products, no dM."""
@@ -90,7 +94,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
     dk = tl.zeros([BT, D], dtype=tl.float32)
     dv = tl.zeros([BT, DV], dtype=tl.float32)
     dm = tl.zeros([D, D], dtype=tl.float32)
-    if GATE_DOTS:  # the gate's sums over dS as products with a block of ones (every column the same sums)
+    if HAS_GATE:  # the gate's sums over a pair's dS, as products with a block of ones (every column the same sums)
         ones_q = tl.full([R * BT, GATE_COLS], 1.0, gradp)
         ones_k = tl.full([BT, GATE_COLS], 1.0, gradp)
         first_col = tl.arange(0, GATE_COLS)[None, :] == 0
@@ -115,8 +119,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
         dg_key = 0.0
         if HAS_GATE:
             dg_key = tl.sum(ds, 1) - tl.sum(ds, 0)  # chunk m's own rows: as queries of the block and as its keys
-            if GATE_DOTS:
-                dg_cols = tl.zeros([BT, GATE_COLS], dtype=tl.float32)  # Σ over later query rows of dS, by key
+            dg_cols = tl.zeros([BT, GATE_COLS], dtype=tl.float32)  # Σ over the later query rows of dS, by key
         # the later query chunks, R to a tile
         for c0 in range(m + 1, count, R):
             c = c0 + qr // BT
@@ -155,22 +158,14 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
                 dm += dm_pair
                 step += lam
             tl.store(lam_ptr, step, mask=inside[:, None])
-            if HAS_GATE:  # relaxed atomics: no load on the pair's path (the sums are read after the kernel)
-                if GATE_DOTS:  # dS's row sums and column sums on the tensor cores, from dS's operand
-                    row_sums = tl.dot(dsg, ones_k, input_precision=PREC)  # [R·BT, GATE_COLS]
-                    if GATE_DOTS == 2:
-                        tl.atomic_add(DG + qrows[:, None] + 0 * first_col, row_sums, mask=inside[:, None] & first_col,
-                                      sem="relaxed")
-                    else:
-                        row_sums = tl.sum(tl.where(first_col, row_sums, 0.0), 1)  # column 0, in each thread's rows
-                        tl.atomic_add(DG + qrows, row_sums, mask=inside, sem="relaxed")
-                    dg_cols += tl.dot(tl.trans(dsg), ones_q, input_precision=PREC)
-                else:
-                    tl.atomic_add(DG + qrows, tl.sum(ds_q, 1), mask=inside, sem="relaxed")
-                    dg_key -= tl.sum(ds_q, 0)
+            if HAS_GATE:  # dS's sums over its keys and over its queries on the tensor cores, from dS's operand
+                row_sums = tl.dot(dsg, ones_k, input_precision=PREC)  # [R·BT, GATE_COLS]
+                row_sums = tl.sum(tl.where(first_col, row_sums, 0.0), 1)  # column 0, within each thread's rows
+                # relaxed atomics: no load on the pair's path (the sums are read after the kernel)
+                tl.atomic_add(DG + qrows, row_sums, mask=inside, sem="relaxed")
+                dg_cols += tl.dot(tl.trans(dsg), ones_q, input_precision=PREC)
         if HAS_GATE:
-            if GATE_DOTS:  # column 0 of the sums (a sum over zeros elsewhere: exact)
-                dg_key -= tl.sum(tl.where(first_col, dg_cols, 0.0), 1)
+            dg_key -= tl.sum(tl.where(first_col, dg_cols, 0.0), 1)  # column 0 (a sum over zeros elsewhere: exact)
             tl.atomic_add(DG + qrow + rows, dg_key, sem="relaxed")
     tl.store(DKS + krow * D + tile_d, dk * scale)
     _store_rows(DVO + hk * sdv_h, ktok, kvalid, sdv_t, vcol, dv.to(DVO.dtype.element_ty), GATHER)
@@ -184,7 +179,7 @@ def _path_bwd_by_sequence_kernel(
     NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2, n_state_rows, max_chunks,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False,
-    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False, GATE_DOTS: tl.constexpr = False,
+    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """Program (p, hk): the sequence whose chunk 0 is chunk ``SEQ_ORDER[p]``, if ``SEQ_CHUNKS`` gives it a length
     (0 for chunks that start no sequence: such programs do nothing; the longest sequences come first), for kv
@@ -206,9 +201,9 @@ def _path_bwd_by_sequence_kernel(
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, 0, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, False, GATE_DOTS)
+                   GATHER, V_GATHER, False)
     for m in range(1, count):
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, m, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, True, GATE_DOTS)
+                   GATHER, V_GATHER, True)

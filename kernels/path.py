@@ -364,8 +364,9 @@ def backward_by_sequence(n_chunks: int, max_chunks: int, n_kv_heads: int, has_ga
     at least n_chunks / max_chunks of them, times the kv heads give every multiprocessor a program). On an H200 at
     one ``owt16`` layer (T = 512, B = 64, 12×64, device time) the backward kernel took 0.73 ms by sequence against
     1.06–1.08 by query chunk, and PaTH's op 2.67–2.69 against 3.07–3.11; with the gate it took 1.52–1.89 ms against
-    1.14–1.16 in every launch tried, so PaTH-FoX stays by query chunk
-    (``benchmarks/results/kernels-h200-by-sequence-*.json``)."""
+    1.14–1.16 in every launch tried (``benchmarks/results/kernels-h200-by-sequence-*.json``), and, with the gate's
+    sums on the tensor cores and the query rows' gate inside the log-sum-exp, 1.22 against 1.15, PaTH-FoX's op the
+    same (3.11 against 3.12 ms, ``kernels-h200-gate-dots-2.json``), so PaTH-FoX stays by query chunk."""
     enough = (n_chunks // max(1, max_chunks)) * n_kv_heads >= BY_SEQUENCE_PROGRAMS_PER_SM * _num_sms(device)
     return _switch("PATHLAB_PATH_BWD_BY_SEQUENCE", enough and not has_gate)
 
@@ -423,18 +424,8 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
-        GATE_DOTS=(2 if os.environ.get("PATHLAB_EXPERIMENT_GATE_TILE") == "1" else 1)
-        if has_gate and gate_sums_by_products() else 0,
     )
     return dqs, dks, dv, dm, dsd, dg
-
-
-def gate_sums_by_products() -> bool:
-    """Whether the backward by sequence forms the gate's sums of dS over keys (dG of the queries) and over
-    queries (dG of the keys) as products of dS's 16-bit operand with a block of ones on the tensor cores, instead
-    of reductions of the fp32 dS across the program's threads (``PATHLAB_PATH_BWD_GATE_DOTS``: 1, 0 or auto, off).
-    Both sums then add the same rounded dS, so the dG of a sequence still sums to zero up to fp32 rounding."""
-    return _switch("PATHLAB_PATH_BWD_GATE_DOTS", False)
 
 
 def _scan_bwd_fake(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_index, order, max_chunks, scale,

@@ -67,17 +67,10 @@ CASES = [
 ]
 
 
-# with the gate, its sums over dS by reductions of the fp32 dS or by products of its operand with ones
-GATE_SUMS = [pytest.param(*case.values, "0", id=case.id) for case in CASES if not case.values[6]] + [
-    pytest.param(*case.values, dots, id=f"{case.id}-{'products' if dots == '1' else 'reductions'}")
-    for case in CASES if case.values[6] for dots in ("0", "1")]
-
-
 @pytest.mark.parametrize("R", ["1", "2"], ids=["one-query-chunk-a-tile", "two-query-chunks-a-tile"])
-@pytest.mark.parametrize("lengths,H,Hkv,D,DV,dtype,gate,token_rows,v_rows,gate_dots", GATE_SUMS)
+@pytest.mark.parametrize("lengths,H,Hkv,D,DV,dtype,gate,token_rows,v_rows", CASES)
 def test_backward_by_sequence_matches_by_query_chunk(monkeypatch, R, lengths, H, Hkv, D, DV, dtype, gate,
-                                                    token_rows, v_rows, gate_dots):
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GATE_DOTS", gate_dots)
+                                                    token_rows, v_rows):
     monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", R)
     args, kwargs = scan_case(lengths, H, Hkv, D, DV, dtype, gate, token_rows, v_rows)
     want, got = both_orders(monkeypatch, args, kwargs)
@@ -102,14 +95,12 @@ def test_backward_by_sequence_reads_every_state(monkeypatch):
         _scan_bwd_impl(*args, **dict(kwargs, states=kwargs["states"][:, 1:]))
 
 
-@pytest.mark.parametrize("gate,gate_dots", [(False, "0"), (True, "0"), (True, "1")],
-                         ids=["path", "path_fox-reductions", "path_fox-products"])
-def test_saving_route_by_sequence_matches_reference(monkeypatch, gate, gate_dots):
-    """The whole op on the saving route with the backward by sequence, forced on, against the fp64 reference on
-    packed sequences; with the gate, its sums by reductions and by products with ones."""
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_saving_route_by_sequence_matches_reference(monkeypatch, gate):
+    """The whole op on the saving route with the backward by sequence, forced on (the default leaves the gate to the
+    backward by query chunk), against the fp64 reference on packed sequences."""
     from test_kernels import compare, make
 
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GATE_DOTS", gate_dots)
     monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
     monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
     lengths = [50, 16, 97, 9]

@@ -172,22 +172,6 @@ def test_bf16_backward_by_sequence(launch, gate, monkeypatch):
     _check_bf16_against_oracle(1024, "torch", gate, f"by-sequence={launch}")
 
 
-@pytest.mark.parametrize("launch", ["default", "1,8,2"], ids=["by-sequence", "by-sequence-8-warps"])
-@pytest.mark.parametrize("dots", ["1", "0"], ids=["gate-products", "gate-reductions"])
-def test_bf16_backward_by_sequence_gate_sums(dots, launch, monkeypatch):
-    """PaTH-FoX's backward by sequence with the gate's sums over dS as products of dS's bf16 operand with ones
-    (``PATHLAB_PATH_BWD_GATE_DOTS=1``) or as reductions of the fp32 dS, against the oracles."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GATE_DOTS", dots)
-    monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
-    if launch != "default":
-        monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", launch)
-    _check_bf16_against_oracle(300, "reference", True, f"gate-dots={dots} launch={launch}")
-    _check_bf16_against_oracle(1024, "torch", True, f"gate-dots={dots} launch={launch}")
-
-
 @pytest.mark.parametrize("mode", ["1", "bf16-bwd", "bf16"], ids=["fp16", "bf16-backward", "bf16"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_ut_product_operands(mode, gate, monkeypatch):
