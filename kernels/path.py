@@ -424,6 +424,7 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
+        KEYS_AS_ROWS=_switch("PATHLAB_PATH_BWD_SEQ_KEYS_AS_ROWS", False),
     )
     return dqs, dks, dv, dm, dsd, dg
 
