@@ -67,8 +67,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
                scale_log2, n_state_rows, max_chunks,
                GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
                DV: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr,
-               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr,
-               KEYS_AS_ROWS: tl.constexpr):
+               LAMBDA_BF16: tl.constexpr, GATHER: tl.constexpr, V_GATHER: tl.constexpr, CARRIED: tl.constexpr):
     """Key chunk m of the sequence (module docstring): its diagonal blocks and its pairs with query chunks
     m + 1 … count − 1 for every query head of kv head hk; writes dk̃_m, dV_m, dM_m and updates the query
     chunks' λ (in dq̃) and dG. ``CARRIED`` is False at m = 0, where λ is still zero: no λ products, no dM."""
@@ -137,36 +136,20 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             do_q = tl.load(DO + h * so_h + qtok[:, None] * so_t + vcol[None, :], mask=qvalid[:, None], other=0.0)
             lse_q = tl.load(LSE + qrows, mask=inside, other=float("inf"))  # P = 0 in rows past the sequence
             delta_q = tl.load(DELTA + qtok * sdl_t + h * sdl_h, mask=qvalid, other=0.0)
-            if KEYS_AS_ROWS:  # Sᵀ = k̃_m q⁽ᵐ⁾ᵀ: Pᵀ and dSᵀ enter dV's and dk̃'s products from registers
-                s_t = tl.dot(kt, tl.trans(ql), input_precision=PREC) * scale_log2  # [BT, R·BT]
-                if HAS_GATE:  # as below, transposed
-                    if R == 1:
-                        shift = (tl.load(GO + h * NC + first + c0) - go_k).to(tl.float32)
-                        s_t += (shift * 1.4426950408889634 - gk)[:, None]
-                    else:
-                        shift = (tl.load(GO + h * NC + qn, mask=inside, other=0.0) - go_k).to(tl.float32)
-                        s_t += (shift * 1.4426950408889634)[None, :] - gk[:, None]
-                p_t = tl.math.exp2(s_t - lse_q[None, :])
-                ds_t = p_t * (tl.dot(vt, tl.trans(do_q), input_precision=PREC) - delta_q[None, :])
-                dv += tl.dot(p_t.to(gradp), do_q, input_precision=PREC)
-                dsg_t = ds_t.to(gradp)
-                dk += tl.dot(dsg_t, ql.to(gradp), input_precision=PREC)
-                dsg = tl.trans(dsg_t)
-            else:
-                s_q = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
-                if HAS_GATE:  # G_i − G_j = (G_local_i + offset_c − offset_m) − G_local_j, the offsets' difference in
-                    # fp64 (G_local_i is in LSE)
-                    if R == 1:  # one offset for the tile: added to the key side's terms, a row of BT
-                        shift = (tl.load(GO + h * NC + first + c0) - go_k).to(tl.float32)
-                        s_q += (shift * 1.4426950408889634 - gk)[None, :]
-                    else:
-                        shift = (tl.load(GO + h * NC + qn, mask=inside, other=0.0) - go_k).to(tl.float32)
-                        s_q += (shift * 1.4426950408889634)[:, None] - gk[None, :]
-                p_q = tl.math.exp2(s_q - lse_q[:, None])
-                ds_q = p_q * (tl.dot(do_q, tl.trans(vt), input_precision=PREC) - delta_q[:, None])
-                dv += tl.dot(tl.trans(p_q.to(gradp)), do_q, input_precision=PREC)
-                dsg = ds_q.to(gradp)
-                dk += tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC)
+            s_q = tl.dot(ql, tl.trans(kt), input_precision=PREC) * scale_log2
+            if HAS_GATE:  # G_i − G_j = (G_local_i + offset_c − offset_m) − G_local_j, the offsets' difference in fp64
+                # (G_local_i is in LSE)
+                if R == 1:  # one offset for the tile: added to the key side's terms, a row of BT
+                    shift = (tl.load(GO + h * NC + first + c0) - go_k).to(tl.float32)
+                    s_q += (shift * 1.4426950408889634 - gk)[None, :]
+                else:
+                    shift = (tl.load(GO + h * NC + qn, mask=inside, other=0.0) - go_k).to(tl.float32)
+                    s_q += (shift * 1.4426950408889634)[:, None] - gk[None, :]
+            p_q = tl.math.exp2(s_q - lse_q[:, None])
+            ds_q = p_q * (tl.dot(do_q, tl.trans(vt), input_precision=PREC) - delta_q[:, None])
+            dv += tl.dot(tl.trans(p_q.to(gradp)), do_q, input_precision=PREC)
+            dsg = ds_q.to(gradp)
+            dk += tl.dot(tl.trans(dsg), ql.to(gradp), input_precision=PREC)
             step = tl.dot(dsg, kt.to(gradp), input_precision=PREC) * scale
             lam_ptr = DQS + qrows[:, None] * D + dcol[None, :]
             if CARRIED:  # P_m = I − M_m sits between q⁽ᵐ⁾ and q⁽ᵐ⁻¹⁾
@@ -196,7 +179,7 @@ def _path_bwd_by_sequence_kernel(
     NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale, scale_log2, n_state_rows, max_chunks,
     GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     R: tl.constexpr, PREC: tl.constexpr, PREC32: tl.constexpr, LAMBDA_BF16: tl.constexpr = False,
-    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False, KEYS_AS_ROWS: tl.constexpr = False,
+    GATHER: tl.constexpr = False, V_GATHER: tl.constexpr = False,
 ):
     """Program (p, hk): the sequence whose chunk 0 is chunk ``SEQ_ORDER[p]``, if ``SEQ_CHUNKS`` gives it a length
     (0 for chunks that start no sequence: such programs do nothing; the longest sequences come first), for kv
@@ -218,9 +201,9 @@ def _path_bwd_by_sequence_kernel(
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, 0, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, False, KEYS_AS_ROWS)
+                   GATHER, V_GATHER, False)
     for m in range(1, count):
         _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, DSD, DG, TOK,
                    first, count, m, hk, NC, NTOK, so_t, so_h, sdl_t, sdl_h, sv_t, sv_h, sdv_t, sdv_h, scale,
                    scale_log2, n_state_rows, max_chunks, GROUP, HAS_GATE, BT, D, DV, R, PREC, PREC32, LAMBDA_BF16,
-                   GATHER, V_GATHER, True, KEYS_AS_ROWS)
+                   GATHER, V_GATHER, True)

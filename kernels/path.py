@@ -293,7 +293,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     _, tok, n_tok, (so_t, so_h) = _o_rows(token_rows, chunk_index, H, NC, BT, DV)
     delta_mode = _delta_mode(gl is not None, int(max_chunks))
     keep = _check_states(states, lowp, H, NC, int(max_chunks), BT, D)
-    by_sequence = keep and backward_by_sequence(NC, int(max_chunks), Hkv, gl is not None, qs.device)
+    by_sequence = keep and backward_by_sequence(NC, int(max_chunks), Hkv, qs.device)
     if by_sequence and delta_mode == "kernel":
         delta_mode = "pass"  # the kernel by sequence reads δ of a query chunk once per key chunk: a pass forms it
     # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed here or by the
@@ -357,18 +357,21 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
 BY_SEQUENCE_PROGRAMS_PER_SM = 1
 
 
-def backward_by_sequence(n_chunks: int, max_chunks: int, n_kv_heads: int, has_gate: bool, device) -> bool:
+def backward_by_sequence(n_chunks: int, max_chunks: int, n_kv_heads: int, device) -> bool:
     """Whether a backward given the forward's carried states runs by sequence (``_triton_bwd_by_sequence``: one
     program per sequence and kv head, no replay, no atomics) rather than by query chunk (``_path_bwd_kernel``):
-    ``PATHLAB_PATH_BWD_BY_SEQUENCE`` = ``1``, ``0`` or ``auto`` (default: without the gate, when the sequences,
-    at least n_chunks / max_chunks of them, times the kv heads give every multiprocessor a program). On an H200 at
-    one ``owt16`` layer (T = 512, B = 64, 12×64, device time) the backward kernel took 0.73 ms by sequence against
-    1.06–1.08 by query chunk, and PaTH's op 2.67–2.69 against 3.07–3.11; with the gate it took 1.52–1.89 ms against
-    1.14–1.16 in every launch tried (``benchmarks/results/kernels-h200-by-sequence-*.json``), and, with the gate's
-    sums on the tensor cores and the query rows' gate inside the log-sum-exp, 1.22 against 1.15, PaTH-FoX's op the
-    same (3.11 against 3.12 ms, ``kernels-h200-gate-dots-2.json``), so PaTH-FoX stays by query chunk."""
+    ``PATHLAB_PATH_BWD_BY_SEQUENCE`` = ``1``, ``0`` or ``auto`` (default: when the sequences, at least
+    n_chunks / max_chunks of them, times the kv heads give every multiprocessor a program). On an H200 at one
+    ``owt16`` layer (T = 512, B = 64, 12×64, device time) the backward kernel took 0.73 ms by sequence against
+    1.06–1.08 by query chunk, and PaTH's op 2.67–2.69 against 3.07–3.11
+    (``benchmarks/results/kernels-h200-by-sequence-*.json``). With the gate it took 1.52–1.89 ms against 1.14–1.16,
+    until its sums over dS moved to the tensor cores and the query rows' gate into the log-sum-exp: since then
+    1.19–1.22 against 1.14–1.15, and PaTH-FoX's op 3.07–3.11 against 3.09–3.12 ms, 0.4–0.9% less in each of three
+    calls (the kernel saves no work, the op the zero fills and dV's copy;
+    ``kernels-h200-gate-dots-2-a4310ac.json``, ``kernels-h200-gate-products-53e360a.json``,
+    ``kernels-h200-keys-as-rows-ee8d08e.json``), so the gate no longer decides."""
     enough = (n_chunks // max(1, max_chunks)) * n_kv_heads >= BY_SEQUENCE_PROGRAMS_PER_SM * _num_sms(device)
-    return _switch("PATHLAB_PATH_BWD_BY_SEQUENCE", enough and not has_gate)
+    return _switch("PATHLAB_PATH_BWD_BY_SEQUENCE", enough)
 
 
 def _by_sequence_launch() -> tuple[int, int, int]:
@@ -424,7 +427,6 @@ def _scan_bwd_by_sequence(do, ks, v, m, sd, gl, go, lse, delta, states, dqs, dsd
         PREC="ieee" if lowp == torch.float32 else "tf32", PREC32="ieee" if lowp == torch.float32 else "tf32",
         LAMBDA_BF16=lowp != torch.float32 and _lambda_precision() == "bf16",
         GATHER=gather, V_GATHER=gather and v_rows, num_warps=num_warps, num_stages=num_stages,
-        KEYS_AS_ROWS=_switch("PATHLAB_PATH_BWD_SEQ_KEYS_AS_ROWS", False),
     )
     return dqs, dks, dv, dm, dsd, dg
 

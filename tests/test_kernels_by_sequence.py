@@ -97,8 +97,8 @@ def test_backward_by_sequence_reads_every_state(monkeypatch):
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_saving_route_by_sequence_matches_reference(monkeypatch, gate):
-    """The whole op on the saving route with the backward by sequence, forced on (the default leaves the gate to the
-    backward by query chunk), against the fp64 reference on packed sequences."""
+    """The whole op on the saving route with the backward by sequence, forced on (too few sequences here for the
+    default), against the fp64 reference on packed sequences."""
     from test_kernels import compare, make
 
     monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
@@ -111,22 +111,22 @@ def test_saving_route_by_sequence_matches_reference(monkeypatch, gate):
 
 def test_backward_by_sequence_policy(monkeypatch):
     """By sequence when the sequences (at least NC / max_chunks of them) times the kv heads give each of the
-    device's multiprocessors a program (2 on a CPU) and there is no gate; ``1`` and ``0`` force it; the launch
+    device's multiprocessors a program (2 on a CPU), with or without the gate; ``1`` and ``0`` force it; the launch
     setting's bad values are clear errors."""
     from pathlab.kernels.path import _by_sequence_launch
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("PATHLAB_PATH_BWD_BY_SEQUENCE", raising=False)
-    assert backward_by_sequence(8, 8, 2, False, cpu)  # one sequence, two kv heads
-    assert not backward_by_sequence(8, 8, 1, False, cpu)  # one program for two multiprocessors
-    assert not backward_by_sequence(64, 8, 12, True, cpu)  # the gate: by query chunk (measured faster)
+    assert backward_by_sequence(8, 8, 2, cpu)  # one sequence, two kv heads
+    assert not backward_by_sequence(8, 8, 1, cpu)  # one program for two multiprocessors
+    assert backward_by_sequence(64, 8, 12, cpu)  # eight sequences, twelve kv heads
     monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    assert backward_by_sequence(8, 8, 1, True, cpu)
+    assert backward_by_sequence(8, 8, 1, cpu)
     monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0")
-    assert not backward_by_sequence(64, 8, 12, False, cpu)
+    assert not backward_by_sequence(64, 8, 12, cpu)
     monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "sometimes")
     with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_BY_SEQUENCE"):
-        backward_by_sequence(64, 8, 12, False, cpu)
+        backward_by_sequence(64, 8, 12, cpu)
     monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
     assert _by_sequence_launch() == (1, 4, 2)
     monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", "2,8")
