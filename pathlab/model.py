@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pathlab._checks import debug_enabled
 from pathlab.attention.registry import REGISTRY, build_attention
 
 
@@ -180,10 +181,20 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wte.weight.numel() if non_embedding else n
 
-    def _check_idx(self, idx, name="idx"):
+    def _check_idx(self, idx, name="idx", low=0):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.ndim != 2:
             got = f"{idx.dtype}, shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise ValueError(f"{name} must be an integer tensor [B, T] of token ids, got {got}")
+        # The id range is a value check: free on the CPU, a device synchronisation elsewhere, and a graph break
+        # under torch.compile. So it runs on CPU tensors outside compilation, and on any device with
+        # PATHLAB_DEBUG=1; training corpora are range-checked once when opened (pathlab.data.tokens).
+        if idx.numel() == 0 or torch.compiler.is_compiling() or (idx.device.type != "cpu" and not debug_enabled()):
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < low or hi >= self.config.vocab_size:
+            ignored = " (-1 marks an ignored target)" if low < 0 else ""
+            raise ValueError(f"{name} holds token ids in [{lo}, {hi}]; the model's vocabulary is "
+                             f"[0, {self.config.vocab_size}){ignored}")
 
     def forward(self, idx, targets=None, return_attention: bool = False):
         """``idx [B, T]`` -> logits ``[B, T, V]`` and the mean cross-entropy against ``targets`` (−1 = ignored).
@@ -203,7 +214,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None
         if targets is not None:
-            self._check_idx(targets, "targets")
+            self._check_idx(targets, "targets", low=-1)
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)

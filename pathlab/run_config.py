@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -66,6 +67,7 @@ _CHOICES = {
 _POSITIVE = {"data.block_size", "train.max_iters", "train.batch_size", "train.grad_accum", "train.log_interval",
              "train.eval_iters", "eval.n_windows"}
 _MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def repo_root() -> Path | None:
@@ -97,11 +99,23 @@ def _read_config_source(config) -> dict:
             raise ValueError(f"config: no config named {config!r}; available: {', '.join(available_configs())}")
     if not path.is_file():
         raise ValueError(f"config: file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config: {path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config: {path} must hold a mapping at the top level")
     data.setdefault("name", path.stem)
     return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """``"<problem> (line L, column C)"`` from a YAML error (lines and columns counted from 1)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}" + (f", {context}" if context else "")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -175,7 +189,10 @@ def parse_overrides(overrides) -> dict:
         if not isinstance(item, str) or "=" not in item:
             raise ValueError(f"overrides: expected 'key=value', got {item!r}")
         key, raw = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ValueError(f"overrides: the value of {item!r} is not valid YAML: {_yaml_problem(err)}") from None
     return out
 
 
@@ -204,9 +221,15 @@ def resolve_config(config, overrides=None) -> dict:
     for key in _POSITIVE:
         if flat[key] < 1:
             raise ValueError(f"config key {key!r} must be >= 1, got {flat[key]}")
-    for key in ("train.eval_interval", "train.ckpt_interval", "optim.warmup_iters"):
+    for key in ("train.eval_interval", "train.ckpt_interval", "optim.warmup_iters", "optim.weight_decay",
+                "optim.grad_clip"):
         if flat[key] < 0:
             raise ValueError(f"config key {key!r} must be >= 0, got {flat[key]}")
+    for key in ("optim.beta1", "optim.beta2"):
+        if not 0 <= flat[key] < 1:
+            raise ValueError(f"config key {key!r} must lie in [0, 1), got {flat[key]}")
+    if not _DEVICE.fullmatch(flat["train.device"]):
+        raise ValueError(f"config key 'train.device' must be auto, cpu, cuda or cuda:N, got {flat['train.device']!r}")
     if not all(isinstance(L, int) and L > 1 for L in flat["eval.lengths"]):
         raise ValueError(f"config key 'eval.lengths' must be a list of integers > 1, got {flat['eval.lengths']}")
     if not 0 <= flat["optim.min_lr"] <= flat["optim.lr"]:

@@ -9,13 +9,19 @@ cosine decay of the learning rate
 
 gradient clipping, bf16 autocast on CUDA and ``torch.compile`` where it helps. A run directory holds::
 
-    config.yaml    the resolved config          env.json      versions, device, world size, git revision
+    config.yaml    the resolved config          env.json      versions, device, world size, git revision, corpus
     metrics.jsonl  one line per iteration (loss, lr, grad_norm, tokens_per_s) and per evaluation (val_loss)
-    ckpt.pt        model, optimiser, step, RNG states, sampler position (written atomically)
+    ckpt.pt        model, optimiser, step, RNG states, sampler position, corpus identity (pathlab.checkpoint:
+                   atomic, checksummed, never non-finite)
+    ckpt.prev.pt   the checkpoint before it (loaded when ckpt.pt is corrupt)
     summary.json   final numbers (written when the run completes)
+    .lock          held by the trainer for the run's lifetime: a second trainer on the directory stops at once
 
-``--resume`` continues a killed run from its checkpoint; on the CPU the resumed losses equal the uninterrupted
-run's exactly. A NaN/inf loss stops the run before the bad step is applied and leaves the last good checkpoint.
+``--resume`` continues a killed run from its checkpoint, on the same corpus (checked); on the CPU with the same
+thread count the resumed losses equal the uninterrupted run's exactly. A NaN/inf loss or gradient norm stops
+the run before the bad step is applied and leaves the last good checkpoint; so does a non-finite weight found
+when checkpointing. A directory with an earlier run's files but no checkpoint is started over only for the same
+config.
 """
 
 from __future__ import annotations
@@ -36,19 +42,38 @@ import torch
 import yaml
 
 from pathlab import distributed
-from pathlab.checkpoint import CKPT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pathlab.atomic import DirectoryLock, DirectoryLocked, remove_stale_temporaries
+from pathlab.checkpoint import (
+    CKPT_NAME,
+    PREV_NAME,
+    NonFiniteCheckpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from pathlab.data.batches import WindowSampler
-from pathlab.data.corpus import CORPORA, corpus_dir, corpus_meta, load_tokens, prepare
+from pathlab.data.corpus import CORPORA, check_corpus, corpus_dir, corpus_identity, corpus_meta, load_tokens, prepare
 from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
 from pathlab.model import ModelConfig, build_model
 from pathlab.run_config import config_diff, config_hash, repo_root, resolve_config
 
-# Keys that may differ between a run and its resumption (they do not change the trained numbers).
+# Keys that may differ between a run and its resumption. log_interval does not change the trained numbers.
+# train.threads does on the CPU: a parallel reduction's partial sums follow the thread count, so a resume on
+# another count continues the run correctly but not bit-exactly (a notice says so); it stays allowed so that a
+# run can move to a machine with fewer cores. train.compile changes the kernels, and so the rounding, too.
 RESUME_MAY_CHANGE = ("train.log_interval", "train.threads", "train.compile")
+# What a run writes into its directory (their stale temporary files are removed when a run starts).
+RUN_FILES = ("config.yaml", "env.json", "metrics.jsonl", CKPT_NAME, PREV_NAME, "summary.json")
+
+
+class TrainingPaused(RuntimeError):
+    """The time limit (``deadline``) was reached: the run stopped at a checkpoint and ``resume=True`` continues it."""
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run stopped and its last good checkpoint is kept."""
+    """The loss, the gradient norm or the weights became NaN or infinite; the run stopped before that state was
+    used or saved, and its last good checkpoint is kept."""
 
 
 def runs_root() -> Path:
@@ -237,39 +262,126 @@ def _prepare_run(config, overrides, ctx, progress):
 
 
 def train(config, *, overrides=None, run_dir=None, resume: bool = False, progress: bool = True,
-          _interrupt_at: int | None = None) -> Path:
+          deadline: float | None = None, _interrupt_at: int | None = None) -> Path:
     """Train a language model and return its run directory.
 
     ``config``: a name under ``configs/`` ("tiny-cpu", "h200-mini", "owt16"), a YAML path or a dict;
     ``overrides``: dict or list of ``"key=value"`` strings with dotted keys (``"model.attention=path"``);
-    ``run_dir``: default ``runs/<config name>/<attention>/``; ``resume``: continue from ``run_dir/ckpt.pt``.
+    ``run_dir``: default ``runs/<config name>/<attention>/``; ``resume``: continue from ``run_dir/ckpt.pt``;
+    ``deadline``: a ``time.monotonic()`` instant after which the run checkpoints and raises :class:`TrainingPaused`
+    (for time-limited machines; the iteration that crosses it completes first).
     """
     ctx = distributed.setup(resolve_config(config, overrides)["train"]["device"])
     try:
-        return _train(config, overrides, run_dir, resume, progress, ctx, _interrupt_at)
+        return _train(config, overrides, run_dir, resume, progress, ctx, _interrupt_at, deadline)
     finally:
         distributed.teardown()
 
 
-def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> Path:
+def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at, deadline=None) -> Path:
     cfg, corpus_folder, meta = _prepare_run(config, overrides, ctx, progress)
-    tcfg, ocfg = cfg["train"], cfg["optim"]
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    threads = torch.get_num_threads()
+    with _locked(run_dir, ctx):
+        try:
+            return _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, interrupt_at, deadline)
+        finally:
+            torch.set_num_threads(threads)  # train.threads applies to the run, not to the rest of the process
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path, ctx: distributed.DistContext):
+    """Hold ``run_dir/.lock`` (rank 0) for the run's lifetime; when another process holds it, every rank stops."""
+    lock, problem = None, None
+    if ctx.is_main:
+        try:
+            lock = DirectoryLock(run_dir).acquire()
+        except DirectoryLocked as err:
+            problem = str(err)
+    problem = ctx.broadcast_object(problem)
+    if problem is not None:
+        raise DirectoryLocked(f"run directory {problem}")
+    try:
+        if ctx.is_main:
+            remove_stale_temporaries(run_dir, RUN_FILES)  # left by a killed write; nobody else writes here now
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _earlier_run_files(run_dir: Path) -> list[str]:
+    return [name for name in ("config.yaml", "env.json", "metrics.jsonl", "summary.json") if (run_dir / name).exists()]
+
+
+def _check_partial_run(run_dir: Path, cfg: dict, ctx: distributed.DistContext) -> None:
+    """A directory with an earlier run's files but no checkpoint (a run stopped before its first checkpoint) is
+    started over when its config is this one, and refused otherwise, so that no directory mixes two runs."""
+    leftovers = _earlier_run_files(run_dir)
+    if not leftovers:
+        return
+    try:
+        earlier = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        earlier = None
+    diff = config_diff(earlier, cfg, ignore=RESUME_MAY_CHANGE) if isinstance(earlier, dict) else [
+        "config.yaml missing or unreadable"]
+    if diff:
+        raise ValueError(
+            f"{run_dir} holds an earlier run ({', '.join(leftovers)}) that has no checkpoint and another config "
+            f"({'; '.join(diff)}); delete those files or choose another run directory (`--run-dir`)"
+        )
+    if ctx.is_main:
+        print(f"{run_dir} holds an earlier run of this config that stopped before its first checkpoint: starting it "
+              "over (its metrics.jsonl is replaced)", flush=True)
+
+
+def _check_resume(run_dir: Path, ckpt: dict, cfg: dict, meta: dict, ctx: distributed.DistContext) -> None:
+    diff = config_diff(ckpt["config"], cfg, ignore=RESUME_MAY_CHANGE)
+    if diff:
+        raise ValueError(
+            f"cannot resume {run_dir}: the config differs from the run's ({'; '.join(diff)}). Resume with the "
+            "run's own config, or start a new run in another directory"
+        )
+    if ckpt.get("corpus") is not None:  # checkpoints before format 2 recorded no corpus identity
+        try:
+            check_corpus(ckpt, meta)
+        except ValueError as err:
+            raise ValueError(f"cannot resume {run_dir}: {err}") from None
+    then = ckpt.get("threads")
+    now = cfg["train"]["threads"] or torch.get_num_threads()
+    if ctx.is_main and ctx.device.type == "cpu" and then is not None and then != now:
+        print(f"note: resuming with {now} CPU threads where the run used {then} (train.threads): the run continues "
+              "correctly, but not bit-exact with an uninterrupted run", flush=True)
+
+
+def _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, interrupt_at, deadline) -> Path:
+    tcfg, ocfg = cfg["train"], cfg["optim"]
     ckpt_path = run_dir / CKPT_NAME
+    has_ckpt = ckpt_path.is_file() or (run_dir / PREV_NAME).is_file()
+    identity = corpus_identity(meta)
     ckpt = None
     if resume:
-        ckpt = load_checkpoint(ckpt_path)
-        diff = config_diff(ckpt["config"], cfg, ignore=RESUME_MAY_CHANGE)
-        if diff:
+        if not has_ckpt:
+            leftovers = _earlier_run_files(run_dir)
             raise ValueError(
-                f"cannot resume {run_dir}: the config differs from the run's ({'; '.join(diff)}). Resume with the "
-                "run's own config, or start a new run in another directory"
+                f"cannot resume {run_dir}: it holds no checkpoint to resume from"
+                + (f" (only {', '.join(leftovers)}: the earlier run stopped before its first checkpoint); start it "
+                   "again without --resume" if leftovers else "; is this the run's directory?")
             )
-    elif ckpt_path.exists():
+        ckpt = load_checkpoint(ckpt_path)  # falls back to ckpt.prev.pt, with a warning, when ckpt.pt is corrupt
+        _check_resume(run_dir, ckpt, cfg, meta, ctx)
+        ctx.barrier()
+        if ctx.is_main and ckpt["loaded_from"] != str(ckpt_path) and ckpt_path.exists():
+            # set the corrupt file aside, so that the next save does not make it the previous checkpoint
+            os.replace(ckpt_path, run_dir / "ckpt.corrupt.pt")
+    elif has_ckpt:
         raise ValueError(
             f"{run_dir} already holds a checkpoint; pass resume=True (`--resume`) to continue that run, or choose "
             "another run directory (`--run-dir`); the existing checkpoint is left untouched"
         )
+    else:
+        _check_partial_run(run_dir, cfg, ctx)
     if ckpt is not None and int(ckpt["step"]) >= tcfg["max_iters"]:
         if ctx.is_main:
             print(f"{run_dir} is already complete ({ckpt['step']} iterations); nothing to do", flush=True)
@@ -302,8 +414,9 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
         set_rng_state(ckpt["rng"])
     autocast = _autocast(cfg, ctx.device)
 
-    train_tokens = load_tokens(corpus_folder, "train")
-    val_tokens = load_tokens(corpus_folder, "val")
+    vocab = meta["tokenizer"]["vocab_size"]  # <= model.vocab_size (checked); ids at or above it are corruption
+    train_tokens = load_tokens(corpus_folder, "train", vocab_size=vocab)
+    val_tokens = load_tokens(corpus_folder, "val", vocab_size=vocab)
     block = cfg["data"]["block_size"]
     sampler = WindowSampler(train_tokens, block, tcfg["batch_size"], tcfg["seed"])
     val_sampler = WindowSampler(val_tokens, block, tcfg["batch_size"], tcfg["seed"] + 1)
@@ -315,25 +428,43 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False).encode())
         atomic_write_json(run_dir / "env.json", {**environment_info(ctx), "corpus": meta["name"],
-                                                 "corpus_recipe_hash": meta.get("recipe_hash")})
+                                                 "corpus_recipe_hash": meta.get("recipe_hash"),
+                                                 "corpus_identity": identity})
         print(f"training {cfg['model']['attention']} ({model.num_parameters():,} parameters, "
               f"{model.num_parameters(non_embedding=True):,} non-embedding) on {meta['name']} "
               f"for {tcfg['max_iters']} iterations of {tokens_per_iter:,} tokens -> {run_dir}", flush=True)
     log = _MetricsLog(run_dir / "metrics.jsonl", ctx.is_main, keep_before=start if resume else 0)
 
+    last_good = int(ckpt["step"]) if ckpt is not None else None
+
+    def stopped(what: str) -> TrainingDiverged:
+        kept = (f"The last good checkpoint (iteration {last_good}) in {run_dir} is kept. " if last_good is not None
+                else "No checkpoint was written yet. ")
+        return TrainingDiverged(f"{what}. {kept}Lower optim.lr, raise optim.warmup_iters or check the data, then "
+                                "start a new run (another --run-dir, or delete this one)")
+
     def checkpoint(step: int) -> None:
+        nonlocal last_good
         if fsdp:  # every rank takes part in gathering the shards
             model_state, optim_state = distributed.full_state_dicts(model, optimizer)
         else:
             model_state, optim_state = _unwrap(net).state_dict(), optimizer.state_dict()
+        problem = None
         if ctx.is_main:
-            save_checkpoint(ckpt_path, {
-                "model": _clean_state_dict(model_state), "optimizer": optim_state,
-                "step": step, "rng": rng_state(), "sampler": sampler.state(step), "config": cfg,
-                "config_hash": config_hash(cfg, RESUME_MAY_CHANGE), "model_config": cfg["model"],
-                "tokenizer": meta["tokenizer"],
-            })
-        ctx.barrier()
+            try:
+                save_checkpoint(ckpt_path, {
+                    "model": _clean_state_dict(model_state), "optimizer": optim_state,
+                    "step": step, "rng": rng_state(), "sampler": sampler.state(step), "config": cfg,
+                    "config_hash": config_hash(cfg, RESUME_MAY_CHANGE), "model_config": cfg["model"],
+                    "tokenizer": meta["tokenizer"], "corpus": identity, "threads": torch.get_num_threads(),
+                })
+            except NonFiniteCheckpoint as err:
+                problem = str(err)
+        problem = ctx.broadcast_object(problem)  # also the barrier: every rank waits for rank 0's write
+        if problem is not None:
+            raise stopped(f"the state to checkpoint at iteration {step} is not finite ({problem}) although every "
+                          "loss and gradient norm was; the checkpoint was not written")
+        last_good = step
 
     bar = None
     if progress and ctx.is_main:
@@ -366,24 +497,24 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
                         _, loss = net(x, y)
                     (loss / accum_local).backward()
                 loss_sum += loss.detach().float()
-            loss_value = ctx.all_reduce_mean(loss_sum / accum_local).item()
-            if not math.isfinite(loss_value):
-                last = load_checkpoint(ckpt_path)["step"] if ckpt_path.exists() else None
-                raise TrainingDiverged(
-                    f"loss became {loss_value} at iteration {it}; the run stopped before applying that step. "
-                    + (f"The last good checkpoint (iteration {last}) in {run_dir} is kept. " if last is not None
-                       else "No checkpoint was written yet. ")
-                    + "Lower optim.lr, raise optim.warmup_iters or check the data, then start again."
-                )
+            loss_mean = ctx.all_reduce_mean(loss_sum / accum_local)
             clip = ocfg["grad_clip"]
             params = [p for p in net.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
             if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
                 grad_norm = grad_norm.full_tensor()
+            # The iteration's one host sync: the loss and the gradient norm together, both checked before the step
+            # commits (a finite loss can come with a NaN gradient, which AdamW would write into every weight).
+            loss_value, grad_norm_value = torch.stack([loss_mean.float(), grad_norm.float()]).tolist()
+            if not math.isfinite(loss_value):
+                raise stopped(f"loss became {loss_value} at iteration {it}; the run stopped before applying that step")
+            if not math.isfinite(grad_norm_value):
+                raise stopped(f"gradient norm became {grad_norm_value} at iteration {it} (the loss, {loss_value:.4f}, "
+                              "was finite); the run stopped before applying that step")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
-            log.write({"step": it, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm),
+            log.write({"step": it, "loss": loss_value, "lr": lr, "grad_norm": grad_norm_value,
                        "tokens_per_s": tokens_per_iter / dt, "elapsed_s": time.perf_counter() - t_start})
             if bar is not None:
                 bar.update(1)
@@ -394,6 +525,10 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
                 checkpoint(done)
             if interrupt_at is not None and done == interrupt_at:
                 raise KeyboardInterrupt(f"interrupted after iteration {done} (test hook)")
+            if deadline is not None and done < tcfg["max_iters"] and _past(deadline, ctx):
+                checkpoint(done)
+                raise TrainingPaused(f"time limit reached after iteration {done} of {tcfg['max_iters']}; the "
+                                     f"checkpoint in {run_dir} continues the run (resume=True, `--resume`)")
         val_loss = estimate_loss(net, val_sampler, tcfg["eval_iters"], ctx.device, autocast)
         log.write({"step": tcfg["max_iters"], "val_loss": val_loss})
         checkpoint(tcfg["max_iters"])
@@ -414,8 +549,21 @@ def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at) -> P
     return run_dir
 
 
+def _past(deadline: float, ctx: distributed.DistContext) -> bool:
+    """Whether any process has passed ``deadline`` (all processes stop at the same iteration)."""
+    late = time.monotonic() >= deadline
+    if not ctx.enabled:
+        return late
+    return bool(ctx.all_reduce_mean(torch.tensor(float(late), device=ctx.device)).item() > 0)
+
+
 def load_run(run_dir, *, device="cpu"):
-    """``(model, run_config)`` of a trained run: the model in eval mode with the checkpoint's weights."""
+    """``(model, run_config)`` of a trained run: the model in eval mode with the checkpoint's weights.
+
+    The checkpoint's checksum is verified; when ``ckpt.pt`` is corrupt, ``ckpt.prev.pt`` is used with a
+    :class:`~pathlab.checkpoint.CheckpointFallbackWarning` (``run_config["checkpoint_step"]`` says which).
+    ``run_config["corpus_identity"]`` is what :func:`pathlab.data.corpus.check_corpus` compares a corpus with.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
@@ -426,6 +574,7 @@ def load_run(run_dir, *, device="cpu"):
     cfg = dict(ckpt["config"])
     cfg["checkpoint_step"] = ckpt["step"]
     cfg["tokenizer"] = ckpt.get("tokenizer")
+    cfg["corpus_identity"] = ckpt.get("corpus")  # for pathlab.data.corpus.check_corpus (None before format 2)
     return model, cfg
 
 

@@ -109,3 +109,19 @@ def test_config_dicts_and_model_inputs_are_checked():
         model(torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="max_new_tokens must be a non-negative integer"):
         model.generate(torch.zeros(1, 3, dtype=torch.long), -1)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    model = build_model(ModelConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11))
+    ok = torch.randint(0, 11, (2, 5))
+    targets = ok.clone()
+    targets[0, 0] = -1  # -1 marks an ignored target
+    model(ok, targets)
+    with pytest.raises(ValueError, match=r"idx holds token ids in \[11, 11\]; the model's vocabulary is \[0, 11\)"):
+        model(torch.full((2, 5), 11))
+    with pytest.raises(ValueError, match=r"idx holds token ids in \[-2, "):
+        model(torch.full((2, 5), -2))
+    with pytest.raises(ValueError, match=r"targets holds token ids in \[.*, 12\]"):
+        model(ok, torch.full((2, 5), 12))
+    with pytest.raises(ValueError, match="idx holds token ids"):
+        model.generate(torch.full((1, 3), 40), 2)

@@ -390,3 +390,81 @@ def test_data_cli(debian_corpus, capsys):
     assert "pathlab data info" in capsys.readouterr().err
     json.loads((folder / "meta.json").read_text())
     assert os.access(folder / "meta.json", os.R_OK)
+
+
+# ----------------------------------------------------------------------------------------------- pinning and ids
+
+
+def test_pinned_package_versions_are_used_or_fetched_by_version(debian_corpus, tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    root, folder = debian_corpus
+    debs = tmp_path / "debs"
+    shutil.copytree(root / "debs", debs)
+    jargon = debs / "jargon-text_1.0_all.deb"
+    shutil.copy(jargon, debs / "jargon-text_2.0_all.deb")  # a newer version arrived: unpinned, it is taken
+    assert debian.fetch_packages(debs, progress=False)["jargon"].name == "jargon-text_2.0_all.deb"
+    pins = debian.read_pins(folder / "meta.json")
+    assert pins["jargon-text"] == "1.0" and pins["python3.99-doc"] == "1.0" and len(pins) == len(debian.SOURCES)
+    assert debian.fetch_packages(debs, progress=False, pins=pins)["jargon"].name == "jargon-text_1.0_all.deb"
+    pin_file = tmp_path / "pins.txt"
+    pin_file.write_text("# package=version, as apt-get download takes them\n"
+                        + "".join(f"{p}={v}\n" for p, v in pins.items()))
+    assert debian.read_pins(pin_file) == pins
+    env = tmp_path / "env.json"  # a run's env.json records the versions its corpus was made from
+    env.write_text(json.dumps({"corpus_identity": {"packages": [f"{p}={v}" for p, v in pins.items()]}}))
+    assert debian.read_pins(env) == pins
+
+    calls = []
+
+    def fake_apt(cmd, cwd=None):
+        calls.append(cmd)
+        if cmd[-1] != "jargon-text=3.0":
+            raise subprocess.CalledProcessError(100, cmd, stderr=f"E: Version '{cmd[-1]}' was not found")
+        (Path(cwd) / "jargon-text_3.0_all.deb").write_bytes(jargon.read_bytes())
+        return ""
+
+    monkeypatch.setattr(debian, "_run", fake_apt)
+    monkeypatch.setattr(debian.shutil, "which", lambda name: f"/usr/bin/{name}")
+    got = debian.fetch_packages(debs, progress=False, pins={**pins, "jargon-text": "3.0"})
+    assert got["jargon"].name == "jargon-text_3.0_all.deb" and calls == [["apt-get", "download", "jargon-text=3.0"]]
+    with pytest.raises(RuntimeError, match=r"pinned jargon-text=4.0 .*not offered by apt.*by hand"):
+        debian.fetch_packages(debs, progress=False, pins={**pins, "jargon-text": "4.0"})
+    with pytest.raises(ValueError, match="names no package for source 'jargon'"):
+        debian.fetch_packages(debs, progress=False, pins={p: v for p, v in pins.items() if p != "jargon-text"})
+
+
+def test_pinned_prepare_reproduces_the_corpus(debian_corpus, tmp_path, capsys):
+    import shutil
+
+    from pathlab.cli import main
+
+    root, folder = debian_corpus
+    debs = tmp_path / "debs"
+    shutil.copytree(root / "debs", debs)
+    shutil.copy(debs / "jargon-text_1.0_all.deb", debs / "jargon-text_2.0_all.deb")
+    out = tmp_path / "again"
+    assert main(["data", "prepare", "debian", "--out", str(out), "--debs", str(debs), "--pin",
+                 str(folder / "meta.json"), "--no-progress"]) == 0
+    a, b = read_meta(folder), read_meta(out)
+    assert a["splits"] == b["splits"] and a["sources"] == b["sources"]  # the same tokens, file for file
+    prepare("debian", out, progress=True, debs=debs, pin=folder / "meta.json")
+    assert "up to date" in capsys.readouterr().out
+    prepare("debian", out, progress=False, debs=debs, pin={**debian.read_pins(folder / "meta.json"),
+                                                           "jargon-text": "2.0"})
+    assert {s["source"]: s["version"] for s in read_meta(out)["sources"]}["jargon"] == "2.0"  # other pins: rebuilt
+    assert main(["data", "prepare", "debian", "--out", str(out), "--pin", str(tmp_path / "nowhere.txt")]) == 1
+    assert "nowhere.txt" in capsys.readouterr().err
+
+
+def test_token_ids_are_checked_against_the_vocabulary(tmp_path):
+    write_corpus(tmp_path, "t", {"train": [[1, 2, 3], [4]], "val": [[5, 6]]}, {"name": "t", "vocab_size": 10,
+                                                                               "eot": 9})
+    open_split(tmp_path, "train", vocab_size=10)
+    data = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    data[2] = 10
+    data.tofile(tmp_path / "train.bin")
+    open_split(tmp_path, "train")  # sizes only, unless a vocabulary is given
+    with pytest.raises(CorpusError, match=r"train.bin: token id 10 at position 2 .*vocabulary of 10"):
+        open_split(tmp_path, "train", vocab_size=10)

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from pathlab.checkpoint import load_checkpoint
 from pathlab.data.tokens import write_corpus
 from pathlab.run_config import resolve_config
 from pathlab.train import TrainingDiverged, learning_rate, load_run, train
@@ -66,7 +67,7 @@ def test_resume_reproduces_uninterrupted_losses_exactly(corpus, tmp_path):
     full = train(cfg, run_dir=tmp_path / "full", progress=False)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, run_dir=tmp_path / "cut", progress=False, _interrupt_at=6)  # killed after the step-4 checkpoint
-    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=False)
+    ckpt = load_checkpoint(tmp_path / "cut" / "ckpt.pt")
     assert ckpt["step"] == 4 and ckpt["sampler"]["iteration"] == 4
     train(cfg, run_dir=tmp_path / "cut", progress=False, resume=True)
     a, va = _losses(full)
@@ -111,7 +112,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
     cfg = tiny_config(corpus, max_iters=8, eval_interval=0, ckpt_interval=4)
     with pytest.raises(TrainingDiverged, match=r"nan at iteration 4.*last good checkpoint \(iteration 4\)"):
         train(cfg, run_dir=tmp_path, progress=False)
-    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
     assert ckpt["step"] == 4
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
 
@@ -215,6 +216,12 @@ def test_shipped_configs_resolve(name):
     (["model.attention=nonsense"], "unknown attention"),
     (["optim.min_lr=1.0"], "min_lr"),
     (["noequals"], "key=value"),
+    (["optim.weight_decay=-0.1"], r"'optim.weight_decay' must be >= 0"),
+    (["optim.grad_clip=-1.0"], r"'optim.grad_clip' must be >= 0"),
+    (["optim.beta1=1.0"], r"'optim.beta1' must lie in \[0, 1\)"),
+    (["optim.beta2=-0.5"], r"'optim.beta2' must lie in \[0, 1\)"),
+    (["train.device=gpu"], r"'train.device' must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["train.device=cuda:x"], r"'train.device'"),
 ])
 def test_bad_overrides_raise_value_error(override, message):
     with pytest.raises(ValueError, match=message):

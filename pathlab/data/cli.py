@@ -1,6 +1,7 @@
 """``pathlab data``: prepare, describe and verify token corpora.
 
     pathlab data prepare debian [--out DIR]        # offline corpus from Debian packages
+    pathlab data prepare debian --pin FILE         # ... from exactly the package versions FILE names
     pathlab data prepare openwebtext [--shards N]  # needs network (Hugging Face hub)
     pathlab data info debian
     pathlab data verify debian                     # recompute every SHA-256
@@ -21,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(CORPORA))
     p.add_argument("--out", default=None, help="output folder (default: $PATHLAB_DATA/NAME or data_cache/NAME)")
     p.add_argument("--debs", default=None, help="debian: folder holding/receiving the .deb files")
+    p.add_argument("--pin", default=None, metavar="FILE",
+                   help="debian: use exactly the package versions in FILE (a corpus's meta.json, a run's env.json, "
+                        "or lines package=version)")
     p.add_argument("--raw", default=None, help="openwebtext: folder holding/receiving the raw shards")
     p.add_argument("--shards", type=int, default=None, help="openwebtext: use only the first N of the 21 shards")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -32,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "prepare":
-            options = {k: v for k, v in (("debs", args.debs), ("raw", args.raw), ("n_shards", args.shards)) if v}
+            options = {k: v for k, v in (("debs", args.debs), ("raw", args.raw), ("n_shards", args.shards),
+                                         ("pin", args.pin)) if v}
             prepare(args.name, args.out, progress=not args.no_progress, **options)
             return 0
         if args.action == "info":

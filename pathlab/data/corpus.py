@@ -7,7 +7,11 @@
 Corpora: ``debian`` (offline default, :mod:`pathlab.data.debian`, GPT-2 tokens), ``debian-bpe4k`` (the same
 text with a 4096-token BPE trained on its training split, for CPU-sized models) and ``openwebtext`` (needs
 network, :mod:`pathlab.data.openwebtext`). Folders live under ``$PATHLAB_DATA`` or else ``data_cache/`` in the repository
-root. Preparing again is a no-op when ``meta.json`` records the same recipe and every file matches its SHA-256.
+root. Preparing again is a no-op when ``meta.json`` records the same recipe (and, with ``pin=``, the pinned
+package versions) and every file matches its SHA-256.
+
+A run records its corpus's identity (:func:`corpus_identity`: name, tokenizer and the SHA-256 of every split,
+from ``meta.json``); :func:`check_corpus` refuses a corpus that is not the one a run was trained on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -84,11 +89,67 @@ def corpus_tokenizer(name_or_dir: str | Path):
     return get_tokenizer(info["name"], folder / info["file"] if info.get("file") else None)
 
 
-def load_tokens(name_or_dir: str | Path, split: str) -> np.memmap:
-    """Read-only uint16 memmap of the ``split`` ("train" or "val") tokens of a prepared corpus."""
+def load_tokens(name_or_dir: str | Path, split: str, *, vocab_size: int | None = None) -> np.memmap:
+    """Read-only uint16 memmap of the ``split`` ("train" or "val") tokens of a prepared corpus.
+
+    ``vocab_size``: also check, in one pass over the file, that every id is below it (a clear
+    :class:`CorpusError` naming the file instead of an ``IndexError`` in the middle of a run).
+    """
     folder = corpus_dir(name_or_dir)
     meta = corpus_meta(name_or_dir)
-    return open_split(folder, split, meta=meta)
+    return open_split(folder, split, meta=meta, vocab_size=vocab_size)
+
+
+def corpus_identity(meta: dict) -> dict:
+    """What makes a prepared corpus the one a run was trained on, from its ``meta.json``.
+
+    ``name``, ``tokenizer``, ``tokenizer_sha256`` (the trained BPE's file, None for GPT-2) and ``<split>_sha256``
+    for every split are compared by :func:`check_corpus`; ``packages`` (``package=version`` of each Debian
+    source) is informational: it is what ``pathlab data prepare debian --pin`` takes to rebuild the corpus.
+    """
+    tok = meta["tokenizer"]
+    identity = {"name": meta["name"], "tokenizer": tok["name"], "tokenizer_sha256": tok.get("sha256")}
+    for split, info in sorted(meta["splits"].items()):
+        identity[f"{split}_sha256"] = info["sha256"]
+    packages = [f"{s['package']}={s['version']}" for s in meta.get("sources", []) if "package" in s]
+    if packages:
+        identity["packages"] = packages
+    return identity
+
+
+def _recorded_identity(run: dict) -> dict | None:
+    if "train_sha256" in run:  # an identity itself
+        return run
+    if isinstance(run.get("corpus"), dict):  # a checkpoint
+        return run["corpus"]
+    return run.get("corpus_identity")  # the run config of pathlab.train.load_run, or a run's env.json
+
+
+def check_corpus(run: dict, meta: dict) -> None:
+    """Raise ``ValueError`` unless ``meta`` (a corpus's ``meta.json``) is the corpus ``run`` was trained on.
+
+    ``run``: a checkpoint dict, the run config returned by :func:`pathlab.train.load_run`, a run's ``env.json``,
+    or a :func:`corpus_identity` dict. A run that recorded no identity (made before it was recorded) cannot be
+    checked: a warning says so and nothing is raised.
+    """
+    recorded = _recorded_identity(run)
+    if recorded is None:
+        warnings.warn("the run records no corpus identity (it predates the record); its corpus cannot be checked",
+                      stacklevel=2)
+        return
+    current = corpus_identity(meta)
+    keys = [k for k in dict.fromkeys([*recorded, *current]) if k != "packages"]
+    diff = [k for k in keys if recorded.get(k) != current.get(k)]
+    if diff:
+        def short(v):
+            return v[:12] if isinstance(v, str) and len(v) == 64 else v
+
+        changes = "; ".join(f"{k} {short(recorded.get(k))} -> {short(current.get(k))}" for k in diff)
+        pins = recorded.get("packages")
+        hint = (f"rebuild it with the run's package versions (`pathlab data prepare {recorded['name']} --pin "
+                "RUN_DIR/env.json`) into another folder" if pins else "use the corpus folder the run was trained on")
+        raise ValueError(f"different corpus: the run was trained on another {recorded['name']!r} than the one "
+                         f"prepared now ({changes}); {hint}")
 
 
 def _recipe_hash(recipe: dict) -> str:
@@ -118,18 +179,24 @@ def _encode_batches(texts, tokenizer, batch: int = 512):
 def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True, **options) -> Path:
     """Build corpus ``name`` into ``out_dir`` (default ``data_root()/name``) and return the folder.
 
-    Options: ``debs=DIR`` (debian: where the .deb files are kept), ``n_shards=N`` (openwebtext: use the first N
-    raw shards, for a smaller corpus), ``raw=DIR`` (openwebtext: where raw shards are kept).
+    Options: ``debs=DIR`` (debian: where the .deb files are kept), ``pin=FILE`` (debian: the exact package
+    versions, see :func:`pathlab.data.debian.read_pins`; a dict ``{package: version}`` works too),
+    ``n_shards=N`` (openwebtext: use the first N raw shards, for a smaller corpus), ``raw=DIR`` (openwebtext:
+    where raw shards are kept).
     """
     if name not in CORPORA:
         raise ValueError(f"name: unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
+    pins = debian.read_pins(options["pin"]) if options.get("pin") is not None else None
+    if pins is not None and not name.startswith("debian"):
+        raise ValueError(f"pin: corpus {name!r} is not made from Debian packages")
     folder = Path(out_dir) if out_dir is not None else data_root() / name
     recipe = CORPORA[name](**({"n_shards": options["n_shards"]} if "n_shards" in options else {}))
     recipe_hash = _recipe_hash(recipe)
     if (folder / META).is_file():
         try:
             meta = read_meta(folder)
-            if meta.get("recipe_hash") == recipe_hash and not check_files(folder, meta, hashes=True):
+            pins_match = pins is None or all(pins.get(s.get("package")) == s.get("version") for s in meta["sources"])
+            if meta.get("recipe_hash") == recipe_hash and pins_match and not check_files(folder, meta, hashes=True):
                 if progress:
                     print(f"{name}: {folder} is up to date ({meta['splits']['train']['tokens']:,} train tokens)")
                 return folder
@@ -142,7 +209,8 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     if name.startswith("debian"):
         debs = Path(options.get("debs") or data_root() / "debian" / "debs")
         bpe = name == "debian-bpe4k"
-        splits, sources, tokenizer = _build_debian(folder, tokenizer, progress, debs, bpe_vocab=4096 if bpe else None)
+        splits, sources, tokenizer = _build_debian(folder, tokenizer, progress, debs, bpe_vocab=4096 if bpe else None,
+                                                   pins=pins)
         if bpe:
             tokenizer_info = {"name": tokenizer.name, "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token,
                               "file": TOKENIZER_FILE, "sha256": file_sha256(folder / TOKENIZER_FILE)}
@@ -170,10 +238,10 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     return folder
 
 
-def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path, bpe_vocab: int | None = None):
+def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path, bpe_vocab: int | None = None, pins=None):
     if progress:
-        print(f"debian: packages in {debs}", flush=True)
-    packages = debian.fetch_packages(debs, progress=progress)
+        print(f"debian: packages in {debs}" + (" (pinned versions)" if pins else ""), flush=True)
+    packages = debian.fetch_packages(debs, progress=progress, pins=pins)
     work = folder / "work"
     collected = [(source, package, version, docs, debian.held_out(source.name, docs))
                  for source, package, version, docs in debian.collect_documents(work, packages, progress=progress)]

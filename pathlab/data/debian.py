@@ -19,6 +19,14 @@ Versioned package names are resolved through the unversioned metapackage (``apt-
 falling back to the highest matching name known to apt, so the same code works on Debian and Ubuntu releases.
 The exact package versions used are recorded in ``meta.json``.
 
+Unpinned, a package already in ``debs/`` is used as it is and a missing one is whatever apt offers today, so
+a corpus prepared on another day or machine can differ. **Pinning** (``pathlab data prepare debian --pin
+FILE``, :func:`read_pins`) names the exact ``package=version`` of every source: a ``.deb`` of that version in
+``debs/`` is used, otherwise ``apt-get download package=version`` fetches it, and a version apt no longer
+offers stops with a message (put the file into ``debs/`` by hand, e.g. from Debian's snapshot archive). FILE is
+the ``meta.json`` of the corpus to reproduce, a run's ``env.json`` (the versions its corpus was made from), or
+lines ``package=version``.
+
 Validation holds out whole long documents (at least ``MIN_VAL_DOC_CHARS`` characters), chosen per source with a
 fixed seed until about ``VAL_FRACTION`` of that source's text is held out, so that length-extrapolation windows
 cover long contiguous text. Sources with fewer than 4 documents stay entirely in training.
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -175,26 +184,102 @@ def _find_deb(debs: Path, source: Source, package: str | None) -> Path | None:
     return found[-1] if found else None
 
 
-def fetch_packages(debs: Path, progress: bool = True) -> dict[str, Path]:
-    """``{source name: .deb path}``, downloading with ``apt-get download`` what is not already in ``debs``."""
+def read_pins(pins) -> dict[str, str]:
+    """``{package: version}`` from a dict, a corpus's ``meta.json``, a run's ``env.json`` or a text file of lines
+    ``package=version`` (``#`` starts a comment)."""
+    if isinstance(pins, dict):
+        return {str(k): str(v) for k, v in pins.items()}
+    path = Path(pins)
+    if not path.is_file():
+        raise ValueError(f"pin: {path} does not exist")
+    text = path.read_text()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        obj = None
+    out: dict[str, str] = {}
+    if isinstance(obj, dict) and "sources" in obj:
+        out = {s["package"]: s["version"] for s in obj["sources"] if "package" in s}
+        lines = []
+    elif isinstance(obj, dict) and isinstance(obj.get("corpus_identity"), dict):
+        lines = obj["corpus_identity"].get("packages", [])
+    elif obj is not None:
+        raise ValueError(f"pin: {path} is JSON but neither a corpus's meta.json nor a run's env.json")
+    else:
+        lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        package, sep, version = (part.strip() for part in line.partition("="))
+        if not sep or not package or not version:
+            raise ValueError(f"pin: {path} line {number}: expected package=version, got {line!r}")
+        out[package] = version
+    if not out:
+        raise ValueError(f"pin: {path} names no package versions")
+    return out
+
+
+def pinned_package(source: Source, pins: dict[str, str]) -> tuple[str, str]:
+    """The ``(package, version)`` that ``pins`` gives ``source`` (its package, or a name matching its pattern)."""
+    names = [p for p in pins if p == source.package or (source.pattern and re.fullmatch(source.pattern, p))]
+    if len(names) != 1:
+        wanted = source.package if source.pattern is None else f"a package matching {source.pattern!r}"
+        what = "no package" if not names else f"several packages ({', '.join(sorted(names))})"
+        raise ValueError(f"pin: the pin list names {what} for source {source.name!r} (wants {wanted})")
+    return names[0], pins[names[0]]
+
+
+def _find_pinned_deb(debs: Path, package: str, version: str) -> Path | None:
+    found = sorted(p for p in debs.glob(f"{package}_*.deb") if deb_version(p) == (package, version))
+    return found[-1] if found else None
+
+
+def _fetch_pinned(debs: Path, source: Source, pins: dict[str, str], have_apt: bool, progress: bool) -> Path:
+    package, version = pinned_package(source, pins)
+    deb = _find_pinned_deb(debs, package, version)
+    if deb is not None:
+        return deb
+    spec = f"{package}={version}"
+    if not have_apt:
+        raise RuntimeError(_apt_missing_message(f"pinned {spec} for {source.name}", debs))
+    _apt_download(debs, spec, progress, f"pinned {spec} is not offered by apt", f"put its .deb file "
+                  f"({package}_{version}_*.deb, e.g. from Debian's snapshot archive) into {debs} by hand")
+    deb = _find_pinned_deb(debs, package, version)
+    if deb is None:
+        raise RuntimeError(f"apt-get download {spec} produced no .deb in {debs}")
+    return deb
+
+
+def _apt_download(debs: Path, spec: str, progress: bool, failed: str, hint: str) -> None:
+    """``apt-get download spec`` into ``debs``; a failure raises RuntimeError with apt's message and ``hint``."""
+    if progress:
+        print(f"  apt-get download {spec}", flush=True)
+    try:
+        _run(["apt-get", "download", spec], cwd=debs)
+    except subprocess.CalledProcessError as err:
+        raise RuntimeError(f"{failed} ({(err.stderr or '').strip()[-300:]}); {hint}") from err
+
+
+def fetch_packages(debs: Path, progress: bool = True, pins: dict[str, str] | None = None) -> dict[str, Path]:
+    """``{source name: .deb path}``, downloading with ``apt-get download`` what is not already in ``debs``.
+
+    ``pins`` (``{package: version}``, see :func:`read_pins`): take exactly those versions, from ``debs`` or apt.
+    """
     debs.mkdir(parents=True, exist_ok=True)
     out = {}
     have_apt = shutil.which("apt-get") is not None and shutil.which("apt-cache") is not None
     for source in SOURCES:
+        if pins is not None:
+            out[source.name] = _fetch_pinned(debs, source, pins, have_apt, progress)
+            continue
         deb = _find_deb(debs, source, None if source.pattern else source.package)
         if deb is None:
             if not have_apt:
                 raise RuntimeError(_apt_missing_message(f"package for {source.name}", debs))
             package = resolve_package(source)
-            if progress:
-                print(f"  apt-get download {package}", flush=True)
-            try:
-                _run(["apt-get", "download", package], cwd=debs)
-            except subprocess.CalledProcessError as err:
-                raise RuntimeError(
-                    f"`apt-get download {package}` failed ({err.stderr.strip()[-300:]}); run `apt-get update` "
-                    f"first, or put the .deb into {debs} by hand"
-                ) from err
+            _apt_download(debs, package, progress, f"`apt-get download {package}` failed",
+                          f"run `apt-get update` first, or put the .deb into {debs} by hand")
             deb = _find_deb(debs, source, package)
             if deb is None:
                 raise RuntimeError(f"apt-get download {package} produced no .deb in {debs}")

@@ -12,6 +12,14 @@ A principal block of a triangular inverse is the inverse of that block, so the m
 the transport over any sub-interval of a chunk. Across chunks, a query chunk scans key chunks right to left:
 S_m = q̃ k̃_mᵀ, then q̃ ← q̃ − (q̃ W_mᵀ) U_m moves the queries across chunk m.
 
+The forget gate enters as G_i − G_j with G the prefix sum of g. G is summed in fp64 and each query chunk
+subtracts its first G before rounding to the working dtype: in fp32, G itself (large and negative with strong
+gates) would carry an absolute error of about 6e-8·|G| into every logit, whatever the distance i − j.
+
+Causality is chunk by chunk (``pathlab.ops.path``, "Non-finite inputs"): a NaN in v_t, w_t or β_t reaches every
+row of t's chunk through the products with masked triangles (P V, U = A D_β W, q̃), none before the chunk.
+The diagonal block's future keys are masked after the gate is added, so a NaN g_t stays at t and later.
+
 Memory: the per-chunk factors are O(T·(C + D)). Each query chunk's scan runs under activation
 checkpointing, so autograd keeps only that chunk's output and recomputes its scan (O(T·(C + D)) at a time)
 during the backward: nothing of size T×T is ever held.
@@ -52,18 +60,24 @@ def chunk_factors(q, k, w, beta):
 def _query_chunk(n: int, scale: float, q_start, s_intra, k_end, w, u, v, gate_q, gate_k):
     """Output of query chunk n. q_start/s_intra: this chunk's ``[B, H, C, D]``/``[B, H, C, C]``; k_end, w, u:
     chunks 0 … n−1 ``[B, H, n, C, D]``; v: chunks 0 … n ``[B, H, (n+1)C, Dv]``; gate_q ``[B, H, C]`` and
-    gate_k ``[B, H, (n+1)C]`` (G_i and G_j) or None."""
+    gate_k ``[B, H, (n+1)C]`` (G_i and G_j in fp64) or None."""
     C = s_intra.shape[-1]
-    future = torch.ones(C, C, dtype=torch.bool, device=s_intra.device).triu(1)
-    blocks = [s_intra.masked_fill(future, float("-inf"))]  # right-most block first; reversed below
+    blocks = [s_intra]  # right-most block first; reversed below
     carried = q_start
     for m in range(n - 1, -1, -1):
         blocks.append(carried @ k_end[:, :, m].transpose(-1, -2))
         if m > 0:
             carried = carried - (carried @ w[:, :, m].transpose(-1, -2)) @ u[:, :, m]
     logits = scale * torch.cat(blocks[::-1], dim=-1)  # [B, H, C, (n+1)C], keys in order
-    if gate_q is not None:
-        logits = logits + gate_q[..., :, None] - gate_k[..., None, :]
+    if gate_q is not None:  # G_i − G_j, relative to the chunk's first G_i in fp64, then rounded
+        ref = gate_q[..., :1]
+        gq, gk = (gate_q - ref).to(logits.dtype), (gate_k - ref).to(logits.dtype)
+        logits = logits + gq[..., :, None] - gk[..., None, :]
+    # the future keys (of the diagonal block) masked after the gate is added: a NaN or inf G_j of a later position
+    # then never meets the mask's −inf (−inf + NaN is NaN, and the row's softmax with it)
+    n_keys = logits.shape[-1]
+    future = torch.ones(C, n_keys, dtype=torch.bool, device=logits.device).triu(n_keys - C + 1)
+    logits = logits.masked_fill(future, float("-inf"))
     return torch.softmax(logits, dim=-1) @ v
 
 
@@ -94,7 +108,9 @@ def path_attention_blockwise(q, k, v, w, beta, g=None, *, scale: float, chunk_si
 
     q_start, k_end, u, s_intra = chunk_factors(chunks(qh), chunks(kh), chunks(wh), chunks(bh))
     wc = chunks(wh)
-    G = heads_first(torch.cumsum(g.to(work), dim=1)) if g is not None else None  # [B, H, T_padded]
+    G = None
+    if g is not None:  # [B, H, T_padded] fp64 prefix sums (padding: g = 0)
+        G = F.pad(torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2), (0, pad))
 
     need_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, w, beta) + ((g,) if g is not None else ())
