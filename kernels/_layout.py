@@ -193,11 +193,36 @@ def chunk_gate(g_chunks: torch.Tensor, layout: ChunkLayout) -> tuple[torch.Tenso
     ``g_chunks`` ``[H, NC, BT]`` fp32 -> (G_local ``[H, NC, BT]`` fp32, offset ``[H, NC]`` fp64) with
     G_i = offset[chunk(i)] + G_local[i]. The offsets are summed in fp64, so G_i − G_j keeps its precision at any
     distance (an fp32 cumsum over 64K tokens loses about 3 digits). Differentiable.
+
+    Each sequence's offsets are sums over its own earlier chunks only. They were the sum over all the chunks
+    before, less that sum at the sequence's chunk 0 (and the exclusive sum an inclusive one less the chunk's own
+    total): a NaN in one sequence's gate made every later sequence's offsets NaN (and, by the backward of the
+    cumulative sum, every earlier sequence's dg), the poisoned chunk's own offset too, and a gate of −1e12
+    left every later sequence's offsets off by ~1e-4 (the rounding of an fp64 sum of size 1e12).
     """
     local = torch.cumsum(g_chunks, dim=-1)
     totals = local[..., -1].to(torch.float64)  # [H, NC]
-    inclusive = torch.cumsum(totals, dim=-1)
-    exclusive = inclusive - totals
-    first = layout.chunk_first.long()
-    offset = exclusive - exclusive.index_select(1, first)  # relative to the sequence start
-    return local, offset
+    return local, _sums_before(totals, layout)
+
+
+def _sums_before(totals: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """``[H, NC]`` → for each chunk the sum of ``totals`` over the earlier chunks of its own sequence (0 at a
+    sequence's chunk 0), with no arithmetic that mixes two sequences (:func:`chunk_gate`)."""
+    H, NC = totals.shape
+    if NC == 0:
+        return totals
+    if layout.simple:  # B sequences of NC / B chunks each, in order
+        per = totals.reshape(H, layout.batch, -1)
+        before = torch.cumsum(per[..., :-1], dim=-1)
+        return torch.cat([torch.zeros_like(per[..., :1]), before], dim=-1).reshape(H, NC)
+    # packed: a segmented scan (Hillis–Steele) of x_n = totals_{n−1} (0 at a sequence's chunk 0); in round s
+    # chunk n adds x_{n−s} where both are one sequence's (chunk_index_n ≥ s). torch.where rather than a product
+    # with a mask, so that another sequence's NaN stays out, in the backward as well (0 · NaN would be NaN).
+    c = layout.chunk_index.long()
+    zero = totals.new_zeros(())
+    x = torch.where(c > 0, F.pad(totals, (1, 0))[:, :NC], zero)
+    s = 1
+    while s < layout.max_chunks:
+        x = torch.where(c >= s, x + F.pad(x, (s, 0))[:, :NC], x)
+        s *= 2
+    return x

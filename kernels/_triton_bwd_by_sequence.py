@@ -112,7 +112,7 @@ def _key_chunk(KS, V, M, SD, GL, GO, DO, LSE, DELTA, STATES, DQS, DKS, DVO, DM, 
             gk = tl.load(GL + qrow + rows) * 1.4426950408889634
             go_k = tl.load(GO + h * NC + kn)  # fp64
             s -= gk[None, :]
-        p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
+        p = tl.math.exp2(tl.where(causal, s - lse[:, None], float("-inf")))  # masked first: no exp2 overflow
         ds = p * (tl.dot(do, tl.trans(vt), input_precision=PREC) - delta[:, None])
         tl.store(DSD + qrow * BT + tile_s, ds * scale)
         dv += tl.dot(tl.trans(p.to(gradp)), do, input_precision=PREC)

@@ -42,6 +42,17 @@ fixed number of persistent programs (a few per SM) the extra memory is O(T·D), 
 is reused by every item the program handles. Key-side sums from different query chunks and from grouped query
 heads meet in fp32 atomics (dk̃, dV, dM, dG).
 
+δ. dS = P ∘ (dP − δ) with δ_i = dO_i · o_i, and where a row's softmax is saturated (one key j* holds the whole
+weight, the others 0 or below fp32's ε, as with large |q|·|k|) o_i = v_j* bit for bit and the true dS_ij* is ~0:
+dP_ij* − δ_i is then a difference of two sums of the same products, whose rounding must agree. δ summed in an
+order of its own (tl.sum of dO ∘ o) left ε·|dP| there, which dq multiplies by |k̃|, dk̃ by |q| and dw, dβ (through
+S_d and the UT backward) by |q|·|k|: at ×200 norms dβ came out at the size of the unsaturated gradients
+(``tests/test_kernels.py``, large norms). So δ is the diagonal of dO oᵀ taken by the product that forms
+dP = dO Vᵀ (same operand dtypes, tile shape [BT, Dv] × [Dv, BT] and precision; ``_row_dots``): in the scan
+(``DELTA_HERE``) or in the pass before it (``_delta_kernel``, BT rows at a time). The product has BT² · Dv
+multiply-adds per work item against the eight products of every pair. PyTorch's δ (``path._delta_mode``
+"torch") keeps the old rounding.
+
 The carried states. For short sequences the forward can keep what the replay would produce: each pair's q⁽ᵐ⁾
 as its dots used it (``KEEP_STATES``), c of them for query chunk c, in a ``[H, rows, BT, D]`` buffer that the
 op saves for the backward, which then reads them (``FWD_STATES``) and skips the replay, its c − 1 dependent
@@ -226,15 +237,26 @@ def _path_fwd_kernel(
 
 
 @triton.jit
-def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr):
-    """δ_r = dO_r · o_r (fp32) for ``ROWS`` rows of contiguous ``[n_rows, DV]`` dO and o: the backward's row
-    term, in one pass over both before the scan (when the scan does not form it itself; ``path._delta_mode``)."""
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+def _row_dots(do, o, rows, PREC: tl.constexpr):
+    """δ_i = dO_i · o_i (fp32, ``[len(rows)]``) as the diagonal of the product dO oᵀ, the product that forms
+    dP = dO Vᵀ (same operands' dtype, shape and precision), not as a sum of its own (module docstring, "δ")."""
+    prod = tl.dot(do, tl.trans(o), input_precision=PREC)
+    return tl.sum(tl.where(rows[:, None] == rows[None, :], prod, 0.0), 1)  # one term per row: exact
+
+
+@triton.jit
+def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr, PREC: tl.constexpr):
+    """δ_r = dO_r · o_r (fp32) for ``ROWS`` rows of contiguous ``[n_rows, DV]`` dO and o (in their dtype): the
+    backward's row term, in one pass over both before the scan (when the scan does not form it itself;
+    ``path._delta_mode``). ``ROWS`` = the scan's BT and ``PREC`` its precision, so that δ comes from the product
+    that forms dP (:func:`_row_dots`)."""
+    rows = tl.arange(0, ROWS)
+    r = tl.program_id(0).to(tl.int64) * ROWS + rows
     col = tl.arange(0, DV)
     valid = r < n_rows
-    do = tl.load(DO + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-    o = tl.load(O + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-    tl.store(DELTA + r, tl.sum(do * o, 1), mask=valid)
+    do = tl.load(DO + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0)
+    o = tl.load(O + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0)
+    tl.store(DELTA + r, _row_dots(do, o, rows, PREC), mask=valid)
 
 
 @triton.jit
@@ -348,7 +370,7 @@ def _path_bwd_kernel(
         lse = tl.load(LSE + qrow + rows)
         if DELTA_HERE:  # δ_i = dO_i · o_i, here rather than in a pass of its own over dO and o
             o_rows = _load_rows(O + h * so_h, tok, valid, so_t, vcol, GATHER)
-            delta = tl.sum(do.to(tl.float32) * o_rows.to(tl.float32), 1)
+            delta = _row_dots(do, o_rows, rows, PREC)
         elif GATHER:
             delta = tl.load(DELTA + tok * sdl_t + h * sdl_h, mask=valid, other=0.0)
         else:
@@ -403,7 +425,7 @@ def _path_bwd_kernel(
         if HAS_GATE:
             s += gq[:, None] - gq[None, :]
         causal = rows[:, None] >= rows[None, :]
-        p = tl.where(causal, tl.math.exp2(s - lse[:, None]), 0.0)
+        p = tl.math.exp2(tl.where(causal, s - lse[:, None], float("-inf")))  # masked first: no exp2 overflow
         if V_GATHER:  # the query chunk may be a sequence's last, with padding: masked rows in v's layout
             vtok, vvalid = _chunk_tokens(TOK, n, rows, BT, NTOK, True)
             vd = _load_rows(V + hk * sv_h, vtok, vvalid, SV_T, vcol, True)

@@ -237,8 +237,11 @@ DELTA_VALUES = ("auto", "kernel", "pass", "torch")
 
 def _delta_mode(has_gate: bool, max_chunks: int) -> str:
     """Where the backward's δ_i = dO_i · o_i is formed (``PATHLAB_PATH_BWD_DELTA``): ``"kernel"`` by the scan
-    itself, from o; ``"pass"`` by a Triton pass over dO and o before it (``_triton_path._delta_kernel``);
-    ``"torch"`` by PyTorch ops before it (fp32 copies of both: slower). ``"auto"`` = in the kernel, except with
+    itself, from o; ``"pass"`` by a Triton pass over dO and o before it (``_triton_path._delta_kernel``); both
+    take δ from the product that forms dP (``_triton_path``, "δ"), so that the saturated rows of large |q|·|k|
+    get dS = 0. ``"torch"`` by PyTorch ops before it (fp32 copies of both: slower; for measurements only: its sums
+    round apart from dP's, which leaves ε·|dP| in dS of a saturated row, grown by |q|·|k| in dw and dβ).
+    ``"auto"`` = in the kernel, except with
     the gate on sequences of 64 chunks or more, where it is a pass. On an H200, 12×64, in the kernel against
     PyTorch before it: PaTH fwd+bwd −6.4% at T = 512, −2.8% at 4096, −1.3% at 16384; PaTH-FoX −5.0% at 512,
     but +3.1% at 4096 and +5.1% at 16384 (``benchmarks/results/kernels-h200-delta-in-kernel.json``). The pass
@@ -252,14 +255,17 @@ def _delta_mode(has_gate: bool, max_chunks: int) -> str:
     return value
 
 
-def _delta(do, o):
-    """δ = rowsum(dO ∘ o) in fp32, o's shape without its last dim (contiguous dO and o)."""
+def _delta(do, o, rows=64, prec=None):
+    """δ = rowsum(dO ∘ o) in fp32, o's shape without its last dim (contiguous dO and o of one dtype), by the
+    Triton pass: ``rows`` at a time as the diagonal of a ``[rows, Dv] × [Dv, rows]`` product at precision
+    ``prec`` (default: exact fp32 for fp32 inputs, else "tf32", as the scan's dP). The scan passes its BT."""
     from ._triton_path import _delta_kernel
 
     DV = o.shape[-1]
+    prec = prec or ("ieee" if o.dtype == torch.float32 else "tf32")
     delta = unwritten(o.shape[:-1], dtype=torch.float32, device=o.device)
-    n_rows, rows = delta.numel(), 64
-    _delta_kernel[(-(-n_rows // rows),)](do, o, delta, n_rows, DV=DV, ROWS=rows, num_warps=4)
+    n_rows = delta.numel()
+    _delta_kernel[(-(-n_rows // rows),)](do, o, delta, n_rows, DV=DV, ROWS=rows, PREC=prec, num_warps=4)
     return delta
 
 
@@ -301,7 +307,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     if delta_mode == "kernel":
         delta = o
     elif delta_mode == "pass":
-        delta = _delta(do, o)
+        delta = _delta(do, o, BT, prec)
     else:
         delta = (do.float() * o.float()).sum(-1).contiguous()
     dev = qs.device
@@ -587,6 +593,11 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
 
     Returns:
         o ``[B, T, H, Dv]`` in q's dtype.
+
+    Non-finite inputs (``pathlab.ops.path``, "Non-finite inputs"): sequences of the batch and ``cu_seqlens``
+    segments never reach one another (the gate's chunk offsets are summed per sequence, ``_layout.chunk_gate``);
+    within a sequence a NaN at t reaches no output before t's chunk of BT tokens, but in v_t, w_t or β_t every
+    row of that chunk (the chunk's products with masked triangles).
     """
     _check(q, k, v, w, beta, g, cu_seqlens)
     ut = _ut_name(ut, q)

@@ -325,6 +325,33 @@ def test_delta_inside_or_before_the_backward_scan(monkeypatch, delta, gate):
     compare(make(2, 45, 4, 2, 32, 16, torch.float32, gate=gate), tol=1e-5, block_size=16)
 
 
+# Large |q|·|k| saturates the softmax: a row's weight sits on one key (at ×200 the others underflow to exactly 0),
+# so the true dq, dk, dw, dβ, dg are ~0. With δ = dO · o summed in an order of its own, dS = P ∘ (dP − δ) kept the
+# rounding difference of two equal sums, ε·|dP|, which dq then multiplied by |k|, dk by |q| and dw, dβ (through
+# S_d and the UT backward) by |q|·|k|: at ×200 dβ came out at 0.9–1.2 (relative to the floor of ``rel_rms``), dw
+# at 0.4, at ×50 dβ at 0.06–0.08. δ as the diagonal of the product that forms dP (``_triton_path``, "δ") leaves
+# dS = 0 there: at ×200 every gradient but dv is then ~1e-100. What stays at ×50 is the rounding of logits of size
+# |q|·|k|/√D ≈ 2500 in rows whose gap to their second key is a few tens of nats (their gradient ~e^{−gap} is
+# exact only to that rounding): 0.8–1.9e-2 in dβ, as the blockwise PyTorch path in fp32 (0.3–0.8e-2); in fp16 the
+# carried states' 11-bit significand makes that 9e-2 (before the fix 0.11), so fp16 runs at ×200 only. The saving
+# route's backward by sequence has dv 2e-3 at ×200: it folds the query rows' gate into the log-sum-exp
+# (|lse| ≈ 6e4 there, rounded to 2⁻⁸), so P of a saturated row is 1 only to that rounding.
+LARGE_NORMS = [pytest.param(torch.float32, 50, 3e-2, id="fp32-x50"),
+               pytest.param(torch.float32, 200, 5e-3, id="fp32-x200"),
+               pytest.param(torch.float16, 200, 5e-3, id="fp16-x200")]
+
+
+@pytest.mark.parametrize("dtype,norm,tol", LARGE_NORMS)
+@pytest.mark.parametrize("delta", ["kernel", "pass"])
+@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
+def test_large_query_and_key_norms(monkeypatch, ut, delta, dtype, norm, tol):
+    """q and k scaled ×50 and ×200 (PaTH-FoX, grouped heads, B = 2 so that the saving route's backward runs by
+    sequence), the output and every gradient against the fp64 reference by relative RMS error (``rel_rms``)."""
+    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
+    q, k, v, w, beta, g = make(2, 40, 2, 1, 16, 16, dtype, gate=True)
+    compare((q * norm, k * norm, v, w, beta, g), tol=tol, block_size=16, ut=ut)
+
+
 def test_delta_setting(monkeypatch):
     from pathlab.kernels.path import _delta_mode
 

@@ -8,6 +8,17 @@ Backends:
   O(T·D) memory per head;
 * ``"reference"``: the explicit fp64 product (:mod:`pathlab.reference.path`), T×T, for tests;
 * ``"auto"``: triton on CUDA when it imports, otherwise torch (with a one-time warning on CUDA). Never a T×T path.
+
+Non-finite inputs. Every backend keeps the sequences of a batch (and the kernel's ``cu_seqlens`` segments) apart:
+a NaN or inf in one changes no output or gradient of another. Within a sequence, the reference is causal position
+by position: a NaN at position t reaches no output before t. The chunked UT algorithm ("torch" and "triton")
+is causal chunk by chunk: the outputs before t's chunk (chunks of ``chunk_size`` tokens, of the kernel's
+``block_size`` for "triton", counted from the sequence start) are the clean ones bit for bit, but inside t's
+chunk a NaN in v_t, w_t or β_t reaches every row, the earlier ones too: the chunk's dense products multiply the
+zeros of their triangular masks by it (0 · NaN = NaN), in P V of the diagonal block, U = A D_β W and the carried
+q̃ = Q − tril(Q Wᵀ) U. That is inherent to computing a chunk by matrix products. A NaN in q_t, k_t or g_t stays
+at t and later (with 16-bit inputs the fused UT kernels scale each tile by its largest element, which may spread
+it over the chunk). ``tests/test_path_isolation.py`` pins this.
 """
 
 from __future__ import annotations

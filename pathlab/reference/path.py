@@ -4,6 +4,11 @@ s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j + (G_i − G_j), G = cumsum
 The query's own H_i is included and the key's own H_j is not, so s_ii = scale · q_iᵀ k_i. The gate is not
 multiplied by ``scale`` (FoX's convention; the public fla kernel scales it too).
 
+Causal position by position: o_i reads only the inputs at positions ≤ i, so a NaN (or inf) at a later position
+never reaches it. The logits of a query are formed for its past keys only, and o_i = Σ_{j≤i} α_ij v_j takes the
+values up to i only: the T×T product P V would multiply a future NaN value by its weight 0 (0 · NaN = NaN) and
+spread it to every earlier row (and, in the backward, through Σ_j α_ij dP_ij, to every earlier gradient).
+
 Cost O(T² D²): a test oracle for T ≲ 256 that shares no code path with the blockwise algorithm.
 """
 
@@ -12,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from pathlab._checks import check_path_inputs, check_path_values, check_scale, expand_kv_heads, normalize_w
-from pathlab.reference.softmax import causal_softmax_output
 
 
 def path_logits(q, k, w, beta, *, scale=None):
@@ -55,4 +59,18 @@ def path_attention(q, k, v, w, beta, g=None, *, scale=None, return_attention=Fal
         G = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)  # [B, H, T]
         logits = logits + G[:, :, :, None] - G[:, :, None, :]
     v64 = expand_kv_heads(v, H).transpose(1, 2).to(torch.float64)
-    return causal_softmax_output(logits, v64, q.dtype, return_attention)
+    return _causal_output(logits, v64, q.dtype, return_attention)
+
+
+def _causal_output(logits, v, out_dtype, return_attention):
+    """o_i = Σ_{j≤i} α_ij v_j, α = causal softmax of ``logits [B, H, T, T]``, ``v [B, H, T, Dv]``: row by row over
+    the values up to i only (module docstring), o ``[B, T, H, Dv]`` in ``out_dtype``; with ``return_attention``
+    also the masked logits (−inf above the diagonal) and the probabilities."""
+    T = logits.shape[-1]
+    future = torch.ones(T, T, dtype=torch.bool, device=logits.device).triu(1)
+    logits = logits.masked_fill(future, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # a row's softmax reads only its own (past) logits
+    rows = [probs[:, :, i, None, : i + 1] @ v[:, :, : i + 1] for i in range(T)]  # each [B, H, 1, Dv]
+    o = torch.cat(rows, dim=2) if rows else v.new_zeros(*v.shape[:2], 0, v.shape[-1])
+    o = o.transpose(1, 2).to(out_dtype)
+    return (o, logits, probs) if return_attention else o
