@@ -20,14 +20,16 @@ REGISTRY: dict[str, tuple[type[PositionalAttention], dict, str]] = {
     "fox": (FoX, {}, "forgetting attention: cumulative log forget gates"),
     "path": (PaTH, {"use_gate": False}, "PaTH: accumulated Householder transitions I − β w wᵀ"),
     "path_fox": (PaTH, {"use_gate": True}, "PaTH with a FoX forget gate"),
-    "rot_random_qk": (RotationAttention, {"mode": "random", "rotate_values": False},
+    "rot_random_qk": (RotationAttention, {"mode": "random", "rotate_values": False, "forget_gate": False},
                       "accumulated random SO(2) rotations of q and k"),
-    "rot_random_qkv": (RotationAttention, {"mode": "random", "rotate_values": True},
+    "rot_random_qkv": (RotationAttention, {"mode": "random", "rotate_values": True, "forget_gate": False},
                        "accumulated random SO(2) rotations of q, k and v"),
-    "rot_learned_qk": (RotationAttention, {"mode": "learned", "rotate_values": False},
+    "rot_learned_qk": (RotationAttention, {"mode": "learned", "rotate_values": False, "forget_gate": False},
                        "accumulated learned token-dependent rotations of q and k (starts as RoPE)"),
-    "rot_learned_qkv": (RotationAttention, {"mode": "learned", "rotate_values": True},
+    "rot_learned_qkv": (RotationAttention, {"mode": "learned", "rotate_values": True, "forget_gate": False},
                         "accumulated learned token-dependent rotations of q, k and v (starts as RoPE)"),
+    "rot_random_qk_fox": (RotationAttention, {"mode": "random", "rotate_values": False, "forget_gate": True},
+                          "accumulated random SO(2) rotations of q and k with a FoX forget gate"),
 }
 
 _COMMON = ("n_embd", "n_head", "n_kv_head", "head_dim", "vocab_size", "layer_idx")

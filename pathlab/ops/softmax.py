@@ -6,6 +6,7 @@
 * ALiBi and FoX: FlexAttention with a ``score_mod`` on CUDA (no T×T tensor); on the CPU, where FlexAttention
   has no backward, an additive-bias SDPA computed in query chunks (T×chunk at a time). If FlexAttention fails
   on a CUDA device, a one-time warning names the error and the chunked additive-bias path takes over.
+* Accumulated rotations with a forget gate: the rotations' pre-rotation, then FoX's path on the rotated tensors.
 """
 
 from __future__ import annotations
@@ -88,13 +89,9 @@ def _check_rope_table(table, T: int, D: int, q):
     return table
 
 
-def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=None):
-    """Accumulated SO(2) rotations: Φ_t = Σ_{s≤t} θ_s (fp64, mod 2π), s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j.
-
-    ``theta [B, T, H, D/2]``: per-token step angles of every query head (grouped kv heads are expanded, since
-    each query head rotates its keys with its own angles). With ``rotate_values`` the output is
-    o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j (values transported along the path; needs Dv == D).
-    """
+def _pre_rotate(q, k, v, theta, rotate_values: bool):
+    """Check the rotation inputs and pre-rotate: q̃ = R(−Φ) q, k̃ = R(−Φ) k and, with ``rotate_values``,
+    ṽ = R(−Φ) v (kv heads expanded to H where rotated). Returns (q̃, k̃, ṽ or v, cos Φ, sin Φ, D)."""
     B, T, H, Hkv, D, Dv = check_qkv(q, k, v)
     check_float_tensor("theta", theta, 4)
     if theta.shape != (B, T, H, D // 2):
@@ -102,15 +99,24 @@ def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=Non
     if rotate_values and Dv != D:
         raise ValueError(f"rotate_values needs v's head dim ({Dv}) equal to q's ({D})")
     check_same_device(q, theta=theta)
-    scale = check_scale(scale, D)
     phase = accumulate_phases(theta, dim=1)  # [B, T, H, D/2] fp64
     cos, sin = cos_sin(phase, rotation_dtype(q.dtype))  # taken once, shared by every rotation below
     qr = rotate_cos_sin(q, cos, sin, inverse=True)
     kr = rotate_cos_sin(expand_kv_heads(k, H), cos, sin, inverse=True)
-    if not rotate_values:
-        return _sdpa(qr, kr, v, scale)
-    o = _sdpa(qr, kr, rotate_cos_sin(expand_kv_heads(v, H), cos, sin, inverse=True), scale)
-    return rotate_cos_sin(o, cos, sin)
+    vr = rotate_cos_sin(expand_kv_heads(v, H), cos, sin, inverse=True) if rotate_values else v
+    return qr, kr, vr, cos, sin, D
+
+
+def rotation_attention(q, k, v, theta, *, rotate_values: bool = False, scale=None):
+    """Accumulated SO(2) rotations: Φ_t = Σ_{s≤t} θ_s (fp64, mod 2π), s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j.
+
+    ``theta [B, T, H, D/2]``: per-token step angles of every query head (grouped kv heads are expanded, since
+    each query head rotates its keys with its own angles). With ``rotate_values`` the output is
+    o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j (values transported along the path; needs Dv == D).
+    """
+    qr, kr, vr, cos, sin, D = _pre_rotate(q, k, v, theta, rotate_values)
+    o = _sdpa(qr, kr, vr, check_scale(scale, D))
+    return rotate_cos_sin(o, cos, sin) if rotate_values else o
 
 
 # ----------------------------------------------------------------------------- additive-bias variants
@@ -206,14 +212,15 @@ def alibi_attention(q, k, v, *, slopes=None, scale=None):
     return _bias_attention(q, k, v, scale, score_mod, bias_fn)
 
 
-def fox_attention(q, k, v, g, *, scale=None):
-    """Forgetting attention: s_ij = scale · q_iᵀ k_j + (G_i − G_j), G = cumsum(g), g ``[B, T, H]`` ≤ 0."""
-    B, T, H, _, D, _ = check_qkv(q, k, v)
+def _check_gate(g, B: int, T: int, H: int, q) -> None:
     check_float_tensor("g", g, 3)
     if g.shape != (B, T, H):
         raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)}, got {tuple(g.shape)}")
     check_same_device(q, g=g)
-    scale = check_scale(scale, D)
+
+
+def _gated_attention(q, k, v, g, scale):
+    """Causal softmax attention with FoX's bias G_i − G_j, G = cumsum(g) (fp32 at least), on ``[B, T, H, D]``."""
     G = torch.cumsum(g.to(torch.promote_types(g.dtype, torch.float32)), dim=1).transpose(1, 2).contiguous()  # [B, H, T]
     # FlexAttention differentiates a captured buffer only when the score function indexes it once: give the
     # query side and the key side each their own copy of G.
@@ -226,3 +233,29 @@ def fox_attention(q, k, v, g, *, scale=None):
         return G[:, :, i, None] - G[:, :, None, j]
 
     return _bias_attention(q, k, v, scale, score_mod, bias_fn)
+
+
+def fox_attention(q, k, v, g, *, scale=None):
+    """Forgetting attention: s_ij = scale · q_iᵀ k_j + (G_i − G_j), G = cumsum(g), g ``[B, T, H]`` ≤ 0."""
+    B, T, H, _, D, _ = check_qkv(q, k, v)
+    _check_gate(g, B, T, H, q)
+    return _gated_attention(q, k, v, g, check_scale(scale, D))
+
+
+def rotation_fox_attention(q, k, v, theta, g, *, rotate_values: bool = False, scale=None):
+    """Accumulated SO(2) rotations with a forget gate: s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j + (G_i − G_j).
+
+    Φ_t = Σ_{s≤t} θ_s (fp64, mod 2π) from ``theta [B, T, H, D/2]`` as in :func:`rotation_attention`;
+    G = cumsum(g) from the log forget gates ``g [B, T, H]`` ≤ 0 as in :func:`fox_attention` (the gate is not
+    multiplied by ``scale``). With ``rotate_values``, o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j (needs Dv == D).
+
+    The rotation is applied before the attention (q̃ = R(−Φ) q, k̃ = R(−Φ) k, ṽ = R(−Φ) v, then o ← R(Φ) o), so
+    FoX's fast path runs unchanged on the rotated tensors: FlexAttention on CUDA, the chunked bias SDPA on the CPU.
+    The keys (and values) carry the query heads' own angles, so grouped kv heads are expanded.
+    """
+    qr, kr, vr, cos, sin, D = _pre_rotate(q, k, v, theta, rotate_values)
+    B, T, H = q.shape[:3]
+    _check_gate(g, B, T, H, q)
+    # FlexAttention needs as many value heads as key heads, and the keys carry every query head's angles
+    o = _gated_attention(qr, kr, expand_kv_heads(vr, H), g, check_scale(scale, D))
+    return rotate_cos_sin(o, cos, sin) if rotate_values else o

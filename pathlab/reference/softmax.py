@@ -73,23 +73,62 @@ def rope_attention(q, k, v, *, base=10000.0, scale=None, return_attention=False)
     return causal_softmax_output(scale * _rotated_logits(q, k, delta[None, None]), v, out_dtype, return_attention)
 
 
+def _check_theta(theta, q) -> None:
+    B, T, H = q.shape[:3]
+    check_float_tensor("theta", theta, 4)
+    if theta.shape != (B, T, H, q.shape[-1] // 2):
+        raise ValueError(f"theta must have shape [B, T, H, D/2] = {(B, T, H, q.shape[-1] // 2)}, got {tuple(theta.shape)}")
+    check_same_device(q, theta=theta)
+
+
+def _check_gate(g, q) -> None:
+    B, T, H = q.shape[:3]
+    check_float_tensor("g", g, 3)
+    if g.shape != (B, T, H):
+        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)}, got {tuple(g.shape)}")
+    check_same_device(q, g=g)
+
+
+def _rotation_terms(q, k, v, theta, rotate_values):
+    """Unscaled logits q_iᵀ R(Φ_i − Φ_j) k_j ``[B, H, T, T]`` and the values (ṽ_ij = R(Φ_i − Φ_j) v_j
+    ``[B, H, T, T, Dv]`` with ``rotate_values``, else v) for heads-first fp64 q, k, v; Φ = cumsum θ in fp64."""
+    phi = torch.cumsum(theta.to(torch.float64), dim=1).transpose(1, 2)  # [B, H, T, D/2]
+    delta = phi[:, :, :, None] - phi[:, :, None, :]  # [B, H, T(i), T(j), D/2]
+    return _rotated_logits(q, k, delta), (_rotated_values(v, delta) if rotate_values else v)
+
+
+def _gate_bias(g):
+    """Σ_{l=j+1}^{i} g_l = G_i − G_j, G = cumsum g in fp64: ``g [B, T, H]`` -> ``[B, H, T, T]``."""
+    G = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)  # [B, H, T]
+    return G[:, :, :, None] - G[:, :, None, :]
+
+
 def rotation_attention(q, k, v, theta, *, rotate_values=False, scale=None, return_attention=False):
     """Accumulated SO(2) rotations: Φ_t = Σ_{s≤t} θ_s, s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j.
 
     With ``rotate_values`` the value is transported too: o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j.
     ``theta [B, T, H, D/2]`` are the per-token step angles.
     """
-    B, T, H = q.shape[:3]
-    check_float_tensor("theta", theta, 4)
-    if theta.shape != (B, T, H, q.shape[-1] // 2):
-        raise ValueError(f"theta must have shape [B, T, H, D/2] = {(B, T, H, q.shape[-1] // 2)}, got {tuple(theta.shape)}")
-    check_same_device(q, theta=theta)
+    _check_theta(theta, q)
     out_dtype = q.dtype
     q, k, v, scale = _prepare(q, k, v, scale)
-    phi = torch.cumsum(theta.to(torch.float64), dim=1).transpose(1, 2)  # [B, H, T, D/2]
-    delta = phi[:, :, :, None] - phi[:, :, None, :]  # [B, H, T(i), T(j), D/2]
-    values = _rotated_values(v, delta) if rotate_values else v
-    return causal_softmax_output(scale * _rotated_logits(q, k, delta), values, out_dtype, return_attention)
+    logits, values = _rotation_terms(q, k, v, theta, rotate_values)
+    return causal_softmax_output(scale * logits, values, out_dtype, return_attention)
+
+
+def rotation_fox_attention(q, k, v, theta, g, *, rotate_values=False, scale=None, return_attention=False):
+    """Accumulated SO(2) rotations with a forget gate: the rotation logit plus FoX's gate sum,
+    s_ij = scale · q_iᵀ R(Φ_i − Φ_j) k_j + Σ_{l=j+1}^{i} g_l, g = log f ≤ 0 ``[B, T, H]`` (not scaled).
+
+    ``theta [B, T, H, D/2]``; with ``rotate_values`` o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j. With g = 0 this is
+    :func:`rotation_attention`, with θ = 0 it is :func:`fox_attention`.
+    """
+    _check_theta(theta, q)
+    _check_gate(g, q)
+    out_dtype = q.dtype
+    q, k, v, scale = _prepare(q, k, v, scale)
+    logits, values = _rotation_terms(q, k, v, theta, rotate_values)
+    return causal_softmax_output(scale * logits + _gate_bias(g), values, out_dtype, return_attention)
 
 
 def alibi_attention(q, k, v, *, slopes=None, scale=None, return_attention=False):
@@ -105,13 +144,7 @@ def alibi_attention(q, k, v, *, slopes=None, scale=None, return_attention=False)
 
 def fox_attention(q, k, v, g, *, scale=None, return_attention=False):
     """Forgetting attention: s_ij = scale · q_iᵀ k_j + Σ_{l=j+1}^{i} g_l, with g = log f ≤ 0 ``[B, T, H]``."""
-    B, T, H = q.shape[:3]
-    check_float_tensor("g", g, 3)
-    if g.shape != (B, T, H):
-        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)}, got {tuple(g.shape)}")
-    check_same_device(q, g=g)
+    _check_gate(g, q)
     out_dtype = q.dtype
     q, k, v, scale = _prepare(q, k, v, scale)
-    G = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)  # [B, H, T]
-    bias = G[:, :, :, None] - G[:, :, None, :]
-    return causal_softmax_output(scale * q @ k.transpose(-1, -2) + bias, v, out_dtype, return_attention)
+    return causal_softmax_output(scale * q @ k.transpose(-1, -2) + _gate_bias(g), v, out_dtype, return_attention)
