@@ -72,3 +72,24 @@ def assert_backend_variable(module: str, attribute: str, variable: str) -> None:
     assert run().stdout.strip() == os.environ.get(variable, "triton")
     bad = run(**{variable: "cuda"})
     assert bad.returncode != 0 and f"{variable} must be 'triton' or 'torch'" in bad.stderr
+
+
+def train_on_repeated_pattern(model, steps: int, *, lr: float = 3e-3, seed: int = 1, check=None) -> list[float]:
+    """Train ``model`` with AdamW on a random 8-token pattern repeated six times (learnable from context alone)
+    and return the losses; every gradient must be finite, and ``check(model)`` runs after each backward."""
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, model.config.vocab_size, (4, 8), generator=gen).repeat(1, 6)
+    idx, targets = data[:, :-1], data[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        _, loss = model(idx, targets)
+        opt.zero_grad()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        if check is not None:
+            check(model)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+

@@ -9,7 +9,7 @@ import torch
 
 from pathlab import ModelConfig, build_model
 from pathlab.ops.positions import rotate
-from pathlab.probes import farmass, learned, study
+from pathlab.probes import farmass, learned, summaries
 from pathlab.probes.model import learned_head_windows, measure_model
 
 
@@ -178,7 +178,8 @@ def test_bad_input_is_a_value_error():
         learned.block_score_weights(torch.zeros(1, 4, 2, 3), torch.zeros(1, 4, 2, 3))
     with pytest.raises(ValueError, match="theta"):
         learned.phase_correlation(torch.zeros(4, 2, 3), 2)
-    for bad in (0, 2.5, True, "32"):
-        with pytest.raises(ValueError, match="near_width"):
-            study.check_near_width(bad)
-    assert study.check_near_width(None) is None and study.check_near_width(64) == 64
+    record = {"width_labels": np.array(["per-head", "64", "128"])}
+    for bad in (0, 2.5, "32", 512):
+        with pytest.raises(ValueError, match="width must be one of"):
+            summaries.width_index(record, bad)
+    assert summaries.width_index(record, None) == 0 and summaries.width_index(record, 64) == 1

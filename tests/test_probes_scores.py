@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from pathlab import available_attention
+
+from pathlab import reference
 from pathlab.attention.registry import build_attention
 from pathlab.ops.positions import accumulate_phases, rotate
-from pathlab.probes import scores
+from pathlab.probes import learned, scores
 
-VARIANTS = ["nope", "rope", "alibi", "fox", "path", "path_fox", "rot_random_qk", "rot_random_qkv",
-            "rot_learned_qkv"]
+VARIANTS = available_attention()  # every registered variant: a new one cannot be left out of the probes
 
 
 def _inputs(name, T=37, H=4, Hkv=4, D=8, C=24, seed=0):
@@ -129,3 +131,47 @@ def test_distance_bins():
     e = scores.distance_bin_edges(65535)
     assert e[0] == 0 and e[-1] == 65536 and np.all(np.diff(e) > 0) and len(e) < 80
     assert list(scores.distance_bin_edges(5)) == [0, 1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("short", [5, 8, 9, 10, 99, 100, 511, 4095])
+def test_distance_bins_are_one_grid_at_every_length(short):
+    # bin k covers the same distances at every L: the short grid, less its closing edge, is a prefix of the long one
+    a, b = scores.distance_bin_edges(short), scores.distance_bin_edges(65535)
+    assert a[-1] == short + 1 and np.all(np.diff(a) > 0)
+    np.testing.assert_array_equal(a[:-1], b[:len(a) - 1])
+    assert list(b[:9]) == list(range(9)) and {10, 100, 1000, 10000} <= set(b.tolist())
+
+
+@pytest.mark.parametrize("name", ["path", "path_fox"])
+def test_path_rho_s_matches_reference_without_transport(name):
+    # s from the module's fp64 reference (gate included for PaTH-FoX); s⁰ from the reference with β = 0 (every
+    # H_t = I) and no gate, i.e. q_i·k_j/√D. Queries 12…44 exercise the sequential region, keys 0…11 the UT region.
+    module, q, k, v, x, idx = _inputs(name, T=45, Hkv=2 if name == "path" else 4)
+    q, k, v, x, idx = q[:1], k[:1], v[:1], x[:1], idx[:1]
+    positions = torch.tensor([44, 40, 30, 12])
+    T, H, m = q.shape[1], q.shape[2], len(positions)
+    edges = scores.distance_bin_edges(T - 1)
+    with torch.no_grad():
+        _, logits, _ = module.reference(q, k, v, x=x, idx=idx)
+        w, beta, _ = module.path_inputs(x)
+        _, logits0, _ = reference.path_attention(q, k, v, w, torch.zeros_like(beta), None, return_attention=True)
+        want = logits[0][:, positions].permute(1, 0, 2)  # [m, H, T]
+        want0 = logits0[0][:, positions].permute(1, 0, 2)
+        valid = (torch.arange(T)[None, :] <= positions[:, None])[:, None, :].expand(m, H, T)
+        layer = scores.prepare_layer(module, q, k, v, x, idx, 0)
+        for chunk, ut_chunk in [(7, 64), (10, 5), (24, 5), (64, 4)]:  # one, several and batched UT chunks
+            got = torch.full((m, H, T), math.nan, dtype=torch.float64)
+            got0 = got.clone()
+            for j0, s, raw in scores.iter_logit_chunks(layer, positions, chunk=chunk, ut_chunk=ut_chunk):
+                got[:, :, j0:j0 + s.shape[-1]], got0[:, :, j0:j0 + s.shape[-1]] = s, raw
+            assert torch.isneginf(got[~valid]).all()
+            torch.testing.assert_close(got[valid], want[valid], rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(got0[valid], want0[valid], rtol=1e-9, atol=1e-9)
+        (acc, _), = scores.probe_layer(module, q, k, v, x, idx, positions[None], edges=edges, windows=[8], chunk=7)
+    dist = (positions[:, None] - torch.arange(T)[None, :]).numpy()  # [m, T]
+    sel = dist >= 0
+    pairs = lambda t: t.permute(0, 2, 1).numpy()[sel]  # noqa: E731  [P, H]
+    expected = learned.score_decorrelation(pairs(want), pairs(want0), dist[sel], edges)
+    rho_s = acc.per_bin()["rho_s"]
+    np.testing.assert_allclose(rho_s, expected, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rho_s[0], 1.0)  # s_ii = s⁰_ii: no transport and no gate at distance 0

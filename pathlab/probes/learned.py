@@ -25,7 +25,8 @@ zero where ρ̂_s oscillates (RoPE-like blocks), so a head gets a finite window 
 blocks that carry its score energy have mixed. Heads with no such n ≤ n_max get a fallback width (see
 :func:`head_windows`).
 
-C(n) is an autocorrelation of e^{iΦ_t}, computed with an FFT in O(T log T) per block.
+C(n) is an autocorrelation of e^{iΦ_t}, computed with an FFT in O(T log T) per block. Every function computes on
+its input's device (fp64) and returns numpy.
 """
 
 from __future__ import annotations
@@ -43,13 +44,15 @@ def phase_correlation(theta: torch.Tensor, n_max: int) -> np.ndarray:
     B, T = theta.shape[:2]
     if not 1 <= n_max < T:
         raise ValueError(f"n_max must lie in [1, T) = [1, {T}), got {n_max}")
-    phi = torch.cumsum(theta.to(torch.float64), dim=1)
-    z = torch.polar(torch.ones_like(phi), torch.remainder(phi, 2 * np.pi))  # [B, T, H, Db] complex128
     size = 1 << int(np.ceil(np.log2(2 * T)))
-    f = torch.fft.fft(z, n=size, dim=1)
-    corr = torch.fft.ifft(f.conj() * f, dim=1)[:, 1:n_max + 1]  # Σ_t z_{t+n} conj(z_t)
-    counts = torch.arange(T - 1, T - n_max - 1, -1, dtype=torch.float64)[:, None, None]
-    return (corr.sum(0) / (B * counts)).numpy()
+    total = 0
+    for b in range(B):  # one window at a time: the padded spectrum is 2T complex128 values per (head, block)
+        phi = torch.cumsum(theta[b].to(torch.float64), dim=0)
+        z = torch.polar(torch.ones_like(phi), torch.remainder(phi, 2 * np.pi))  # [T, H, Db] complex128
+        f = torch.fft.fft(z, n=size, dim=0)
+        total = total + torch.fft.ifft(f.conj() * f, dim=0)[1:n_max + 1]  # Σ_t z_{t+n} conj(z_t)
+    counts = torch.arange(T - 1, T - n_max - 1, -1, dtype=torch.float64, device=theta.device)[:, None, None]
+    return (total / (B * counts)).cpu().numpy()
 
 
 def phase_autocorrelation(theta: torch.Tensor, n_max: int) -> np.ndarray:
@@ -60,12 +63,12 @@ def phase_autocorrelation(theta: torch.Tensor, n_max: int) -> np.ndarray:
 def angle_statistics(theta: torch.Tensor, n_max: int, eps: float = 0.05) -> dict:
     """γ, c(n), empirical and predicted windows per head and block from step angles ``[B, T, H, Db]``."""
     gamma = torch.exp(torch.complex(torch.zeros_like(theta, dtype=torch.float64), theta.to(torch.float64)))
-    gamma = gamma.mean(dim=(0, 1)).abs().numpy()  # [H, Db]
+    gamma = gamma.mean(dim=(0, 1)).abs().cpu().numpy()  # [H, Db]
     c = phase_autocorrelation(theta, n_max)  # [n, H, Db]
     below = c <= eps
     w_emp = np.where(below.any(0), below.argmax(0) + 1.0, np.inf)
     return {"gamma": gamma, "coherence": c, "W_emp": w_emp, "W_pred": mixing_window(gamma, eps),
-            "mean_angle": theta.to(torch.float64).mean(dim=(0, 1)).numpy()}
+            "mean_angle": theta.to(torch.float64).mean(dim=(0, 1)).cpu().numpy()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,17 +122,17 @@ def block_score_weights(q: torch.Tensor, k: torch.Tensor) -> np.ndarray:
         raise ValueError(f"q and k must both be [B, T, H, D] with even D, got {tuple(q.shape)} and {tuple(k.shape)}")
     D, T = q.shape[-1], q.shape[1]
     scale = D ** -0.5
-    causal = torch.tril(torch.ones(T, T, dtype=torch.float64))  # pairs j ≤ i
-    num = torch.zeros(q.shape[2], D // 2, dtype=torch.complex128)
-    den = torch.zeros(q.shape[2], dtype=torch.float64)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.float64, device=q.device))  # pairs j ≤ i
+    num = torch.zeros(q.shape[2], D // 2, dtype=torch.complex128, device=q.device)
+    den = torch.zeros(q.shape[2], dtype=torch.float64, device=q.device)
     for b in range(q.shape[0]):  # one window at a time: a [H, T, T] matrix
-        qd, kd = q[b].to(torch.float64), k[b].to(torch.float64)  # [T, H, D]
+        qd, kd = q[b].to(torch.float64), k[b].to(q.device, torch.float64)  # [T, H, D]
         s0 = torch.einsum("ihd,jhd->hij", qd, kd) * scale * causal  # [H, T, T]
         weighted_k = torch.einsum("hij,jhc->ihc", s0.to(torch.complex128), _complex_blocks(kd))  # Σ_j s⁰_ij z_kj
         num += (_complex_blocks(qd).conj() * weighted_k).sum(0) * scale  # [H, Db]
         den += (s0 ** 2).sum(dim=(1, 2))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (num / den[:, None]).numpy()
+        return (num / den[:, None]).cpu().numpy()
 
 
 def predicted_score_decorrelation(corr, weights) -> np.ndarray:

@@ -3,7 +3,7 @@
 :func:`measure_model` runs the model's blocks (not the vocabulary head) on token windows ``[B, L]`` and, inside a
 forward pre-hook of each ``blocks[l].attn.positional``, streams the logits of sampled queries
 (:mod:`pathlab.probes.scores`). Memory stays O(L·D) per query: ~64 sampled queries per window, keys in chunks,
-running log-sum-exp per distance bin.
+running log-sum-exp per distance bin. The statistics run in fp64 on the model's device; the results are numpy.
 
 The near/far split uses one width W per (layer, head): :func:`learned_head_windows` measures it from the model's
 own step angles (M2, :mod:`pathlab.probes.learned`), with a fallback width for heads that do not mix.
@@ -68,6 +68,9 @@ def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: 
     Returns numpy arrays: ``W`` ``[layers, H]`` (the widths to use), ``W_m2`` (inf where the head did not mix),
     ``fallback`` (bool ``[layers, H]``), ``eps``, ``n_max`` and, when some layer has angles, ``coherence`` c_h(n) (normalised, in [0, 1])
     and ``rho_s_pred`` ρ̂_s(n) ``[n_max, layers, H]`` (NaN for layers without angles).
+
+    θ, q and k are kept on the model's device in their own dtype and the statistics (an FFT per block, and
+    :func:`learned.block_score_weights`, O(B·T²·H·D) per layer) run there in fp64.
     """
     from pathlab._checks import expand_kv_heads
 
@@ -82,9 +85,9 @@ def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: 
     def callback(layer, module, q, k, v, x, idx):
         heads[layer] = q.shape[2]
         if hasattr(module, "angles"):
-            thetas[layer].append(module.angles(x, idx).detach().to("cpu", torch.float64))
-            qs[layer].append(q.detach().to("cpu", torch.float64))
-            ks[layer].append(expand_kv_heads(k, q.shape[2]).detach().to("cpu", torch.float64))
+            thetas[layer].append(module.angles(x, idx).detach())
+            qs[layer].append(q.detach())
+            ks[layer].append(expand_kv_heads(k, q.shape[2]).detach())
 
     device = next(model.parameters()).device
     windows = windows.to(device)
@@ -126,7 +129,7 @@ def _windows_per_layer(near_windows, n_layer: int, n_head: int) -> list[np.ndarr
 
 @torch.no_grad()
 def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: int = 512, near_windows=(64,),
-                  chunk: int = 1024, batch: int = 1, angle_lag: int | None = None, seed: int = 0,
+                  chunk: int | None = None, batch: int = 1, angle_lag: int | None = None, seed: int = 0,
                   eps: float = 0.05) -> dict:
     """Streamed score statistics of every layer on ``windows [B, L]`` (token ids).
 
@@ -135,6 +138,10 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
     Returns numpy arrays: ``near_windows`` ``[n_W, layers, H]``, ``bins`` (edges), per layer ``per_bin`` fields ``[layers, n_bins, H]``, per layer
     ``per_query`` fields ``[layers, n_W, B·m, H]`` (κ and ‖o_F‖/‖o_N‖ for the first W: ``[layers, B·m, H]``) and,
     for rotation models, ``angles`` (M2: γ, c(n), windows per layer/head/block).
+
+    Distance bins are :func:`scores.distance_bin_edges` (L − 1): one grid at every L, so bin k of two lengths is
+    the same range of distances. The streamed statistics (and the angle statistics) run in fp64 on the model's
+    device; ``chunk``: keys per chunk (None: :func:`scores.default_chunk` for that device).
     """
     model.eval()
     device = next(model.parameters()).device
@@ -150,7 +157,7 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
 
     def callback(layer, module, q, k, v, x, idx):
         if hasattr(module, "angles") and angle_lag:
-            thetas[layer].append(module.angles(x, idx).detach().float().cpu())
+            thetas[layer].append(module.angles(x, idx).detach().float())
         res = scores.probe_layer(module, q, k, v, x, idx, positions[start:start + q.shape[0]], edges=edges,
                                  windows=widths[:, layer], chunk=chunk)
         for acc, _ in res:

@@ -1,0 +1,535 @@
+"""Figure summaries of a study: ``(data, claims, checks)`` per figure from the cells' compact results.
+
+Every function takes ``cells = {name: {"cell": cell.json, "eval": eval.json, "record": probe record}}``
+(:func:`pathlab.study.load_cells`) and returns the plotted numbers, the claims the figure is evidence for
+(True, False, or None where a claim is undefined in the run) and the consistency checks (identities and
+theorems that hold whenever the code is right; never evidence). Every claim that a theory variant is expected to
+pass is computed for every cell of the figure, so RoPE (or NoPE) serves as its negative control in the same
+JSON; ``tests/test_probes_summaries.py`` checks on synthetic records that each claim can fail.
+
+Widths: a record holds the near-set widths "per-head" (the M2 window of each head, the training length where a
+head does not mix) and the fixed widths of the study (e.g. "64", "128"); ``width`` picks the main one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from pathlab.probes.records import length_entry
+
+
+def _nanmedian(a, axis=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(a, axis=axis)
+
+
+def _nanmean(a, axis=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(a, axis=axis)
+
+
+def width_index(record: dict, width) -> int:
+    """The index of a near-set width label ("per-head", "64", …; an int is read as its label)."""
+    labels = [str(x) for x in np.atleast_1d(record["width_labels"])]
+    label = "per-head" if width is None else str(width)
+    if label not in labels:
+        raise ValueError(f"width must be one of {labels} (the widths this study measured), got {width!r}")
+    return labels.index(label)
+
+
+def near_sets(cells: dict) -> dict:
+    """Per cell: the widths of every label (``W`` ``[layers, H]`` per label), where the per-head width came from
+    (``source``: "m2" or "fallback" = the training length) and the fraction of heads that fell back."""
+    out = {}
+    for c, entry in cells.items():
+        rec = entry["record"]
+        labels = [str(x) for x in np.atleast_1d(rec["width_labels"])]
+        source = np.asarray(rec["width_source"]).astype(str)
+        out[c] = {"labels": labels, "W": {lab: rec["widths"][i] for i, lab in enumerate(labels)},
+                  "source": source.tolist(), "fallback_width": rec["train_length"], "eps": rec["eps"],
+                  "fallback_fraction": float(np.mean(source == "fallback"))}
+    return out
+
+
+def _cell_kind(entry) -> dict:
+    """The attention variant and its options of a cell."""
+    c = entry["cell"]
+    return {"attention": c["attention"], **(c.get("attention_kwargs") or {})}
+
+
+def rotates_values(entry) -> bool:
+    return entry["cell"]["attention"].endswith("qkv") or bool((entry["cell"].get("attention_kwargs") or {}).get(
+        "rotate_values"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M4: far mass
+
+
+def far_mass_summary(cells: dict, width=None, tolerance: float = 0.1) -> tuple[dict, dict, dict]:
+    """M4: ρ_D(L) per cell (mean over queries, median over heads, per layer) and its prediction from the
+    training-length gap alone: ρ̂_D = mean_i M_L(i) / (M_L(i) + e^{Γ̂}), Γ̂ = median over the training-length
+    queries per (layer, head), M_L(i) = i − W + 1.
+
+    Γ̂ is undefined for heads with no far key at the training length (W ≥ L_train), so ``predicted`` and
+    ``measured_predictable`` are medians over the predictable heads, and ``predictable_fraction`` says how many.
+
+    Claims, per cell: ``<c>_far_mass_rises_with_length`` (strictly, mean over layers) and
+    ``<c>_prediction_within_<tol>`` (|ρ̂ − ρ| ≤ tol at every length, over the predictable heads; None when no head
+    is predictable). The prediction assumes stationary statistics, so RoPE is its negative control.
+    """
+    data, claims = {"cells": {}, "near_sets": near_sets(cells), "width": "per-head" if width is None else str(width),
+                    "tolerance": tolerance}, {}
+    for c, entry in cells.items():
+        rec = entry["record"]
+        w = width_index(rec, width)
+        gap_hat = np.asarray(rec["gap_hat"])[:, w]  # [layers, H]
+        ok = np.isfinite(gap_hat)
+        rows = {"lengths": rec["lengths"], "measured": [], "predicted": [], "measured_predictable": [],
+                "lam_median": [], "W": np.asarray(rec["widths"])[w], "gap_hat": gap_hat,
+                "predictable_fraction": float(np.mean(ok))}
+        for L in rec["lengths"]:
+            e = length_entry(rec, L)
+            rho = np.asarray(e["heads"]["far_mass"])[:, w]  # [layers, H]
+            pred = np.asarray(e["predicted_far_mass"])[:, w]
+            rows["measured"].append(_nanmedian(rho, axis=-1))
+            rows["predicted"].append(_nanmedian(np.where(ok, pred, np.nan), axis=-1))
+            rows["measured_predictable"].append(_nanmedian(np.where(ok, rho, np.nan), axis=-1))
+            rows["lam_median"].append(float(_nanmedian(np.asarray(e["heads"]["lam_median"])[:, w])))
+        data["cells"][c] = rows
+        r = np.mean(np.asarray(rows["measured"]), axis=1)
+        claims[f"{c}_far_mass_rises_with_length"] = bool(np.all(np.diff(r) > 0))
+        p = _nanmean(np.asarray(rows["predicted"]), axis=1)
+        rp = _nanmean(np.asarray(rows["measured_predictable"]), axis=1)
+        claims[f"{c}_prediction_within_{tolerance:g}"] = (
+            None if not ok.any() or not np.all(np.isfinite(p)) else bool(np.all(np.abs(p - rp) <= tolerance)))
+    return data, claims, {}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M5: the lower bound
+
+
+def bound_summary(cells: dict, width=None, eps: float = 0.5) -> tuple[dict, dict, dict]:
+    """M5: sampled queries' (bound, ρ_D), λ per length, the violations of the bound and the implied maximum safe
+    length L_max(ε) = W + ε/(1 − ε) K e^{2λ}, beside the length where r(L) first exceeds 1.1.
+
+    Check (a theorem for any logits): ``bound_never_violated``. Claims: ``<c>_lambda_stays_bounded`` (median λ at
+    the longest length ≤ 1.5 × at the training length; rotations are orthogonal, ALiBi's and FoX's logits are
+    not bounded below, so they are the negative controls).
+    """
+    data, claims = {"cells": {}, "eps": eps, "width": "per-head" if width is None else str(width)}, {}
+    violations = checked = 0
+    for c, entry in cells.items():
+        rec = entry["record"]
+        w = width_index(rec, width)
+        rows = {}
+        for L in rec["lengths"]:
+            e = length_entry(rec, L)
+            violations += int(np.asarray(e["bound_violations"])[w])
+            checked += int(np.asarray(e["bound_checked"])[w])
+            lam = np.asarray(e["heads"]["lam_median"])[:, w]
+            rows[str(L)] = {"lam_median": float(_nanmedian(lam)), "lam_max": float(np.nanmax(lam)),
+                            "L_max_median": float(np.asarray(e["max_safe_length_median"])[w]),
+                            "violations": int(np.asarray(e["bound_violations"])[w]),
+                            "checked": int(np.asarray(e["bound_checked"])[w])}
+            if L == rec["lengths"][-1] and w == 0:
+                keep = np.isfinite(e["sample"]["far_mass"]) & (e["sample"]["bound"] > 0)
+                rows[str(L)].update(far_mass=e["sample"]["far_mass"][keep], bound=e["sample"]["bound"][keep])
+        onset = degradation_onset(entry["eval"])
+        data["cells"][c] = {"lengths": rows, "degradation_onset": onset}
+        Ls = sorted(rows, key=int)
+        claims[f"{c}_lambda_stays_bounded"] = bool(rows[Ls[-1]]["lam_median"] <= 1.5 * rows[Ls[0]]["lam_median"])
+    data["violations"], data["checked"] = violations, checked
+    return data, claims, {"bound_never_violated": violations == 0 and checked > 0}
+
+
+def degradation_onset(ev: dict, rise: float = 1.1):
+    """The first evaluation length where r(L) > ``rise`` (None if it never does)."""
+    for L, r in sorted(ev["lengths"].items(), key=lambda t: int(t[0])):
+        if r["ratio"] > rise:
+            return int(L)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M3: score statistics
+
+
+def _centres(edges) -> np.ndarray:
+    edges = np.asarray(edges, np.float64)
+    return np.sqrt(np.maximum(edges[:-1], 0.5) * np.maximum(edges[1:] - 1, 0.5))
+
+
+def far_statistics(entry_L: dict, W_lo: float, W_hi: float, layer: str = "first") -> tuple[float, float]:
+    """Count-weighted mean μ and σ of the median head over the distance bins with lower edge in [W_lo, W_hi)."""
+    edges = np.asarray(entry_L["edges"])
+    lower = edges[:-1]
+    sel = (lower >= W_lo) & (lower < W_hi)
+    b = entry_L["bins"]
+    cnt = _nanmedian(np.asarray(b["count"][layer]), axis=-1)[sel]
+    mu = _nanmedian(np.asarray(b["mean"][layer]), axis=-1)[sel]
+    sd = _nanmedian(np.asarray(b["std"][layer]), axis=-1)[sel]
+    ok = np.isfinite(mu) & np.isfinite(sd) & (cnt > 0)
+    if not ok.any():
+        return math.nan, math.nan
+    wts = cnt[ok] / cnt[ok].sum()
+    return float(np.sum(wts * mu[ok])), float(np.sum(wts * sd[ok]))
+
+
+def score_summary(cells: dict, width=None, tolerance: float = 0.25) -> tuple[dict, dict, dict]:
+    """M3: μ(n), σ(n) and log m(n) (median over heads, first and last layer) per length on common distance bins;
+    the gaps Δ^max, Δ^mean and Γ per layer for every width.
+
+    Claim, per cell: ``<c>_far_scores_stationary_beyond_training``: at the longest length, the far scores beyond
+    the training length (n ≥ L_train) have the statistics of the far scores inside it (the median head's μ and σ
+    over n ∈ [W, L_train)): |Δμ| ≤ tol·σ and |Δσ| ≤ tol·σ, in the first layer. Mixing predicts it for rotations;
+    RoPE meets distances it never saw (its negative control). ``<c>_curves_coincide_within_training``: μ(n) at
+    the training length and at the longest length agree within 0.5 σ for n < L_train (SPEC M3; a necessary
+    condition only: the same relative positions, so RoPE is expected to pass it too, except where its queries
+    near the start of a training-length window see the first tokens).
+    ``alibi_log_mean_exp_slope_is_minus_m_h``: the fitted slope of log m(n) per head against −m_h.
+    """
+    data, claims, checks = {"cells": {}, "near_sets": near_sets(cells)}, {}, {}
+    for c, entry in cells.items():
+        rec = entry["record"]
+        w = width_index(rec, width)
+        L0 = rec["train_length"]
+        rows = {}
+        for L in rec["lengths"]:
+            e = length_entry(rec, L)
+            b = e["bins"]
+            keep = np.asarray(b["count"]["heads_median"])[0] > 0
+            row = {"n": _centres(e["edges"])[keep]}
+            for k in ("mean", "std", "log_mean_exp"):
+                for layer in ("first", "last"):
+                    row[f"{k}_{layer}"] = _nanmedian(np.asarray(b[k][layer]), axis=-1)[keep]
+            row["gaps"] = {g: [float(v) for v in _nanmedian(np.asarray(e["heads"][g])[:, w], axis=-1)]
+                           for g in ("delta_max", "delta_mean", "gap")}
+            row["W"] = float(_nanmedian(np.asarray(rec["widths"])[w][0]))
+            rows[str(L)] = row
+        data["cells"][c] = rows
+        Lmax = rec["lengths"][-1]
+        e = length_entry(rec, Lmax)
+        W = float(_nanmedian(np.asarray(rec["widths"])[w][0]))
+        inside = far_statistics(e, min(W, L0 / 2), L0)
+        beyond = far_statistics(e, L0, Lmax)
+        data["cells"][c]["far_inside_vs_beyond"] = {"inside": inside, "beyond": beyond}
+        if all(map(math.isfinite, inside + beyond)) and inside[1] > 0:
+            claims[f"{c}_far_scores_stationary_beyond_training"] = bool(
+                abs(beyond[0] - inside[0]) <= tolerance * inside[1] and abs(beyond[1] - inside[1]) <= tolerance * inside[1])
+        else:
+            claims[f"{c}_far_scores_stationary_beyond_training"] = None
+        a, z = rows[str(L0)], rows[str(Lmax)]
+        common = min(len(a["n"]), len(z["n"]))
+        within = a["n"][:common] < L0
+        diff = np.abs(a["mean_first"][:common] - z["mean_first"][:common])[within]
+        claims[f"{c}_curves_coincide_within_training"] = bool(
+            np.nanmax(diff / (a["std_first"][:common][within] + 1e-9)) < 0.5)
+    if "alibi" in cells:
+        from pathlab.ops.positions import alibi_slopes
+
+        rec = cells["alibi"]["record"]
+        e = length_entry(rec, rec["lengths"][-1])
+        edges = np.asarray(e["edges"])
+        centers = 0.5 * (edges[:-1] + edges[1:] - 1)
+        lme = np.asarray(e["bins"]["log_mean_exp"]["first"])  # [n_bins, H]
+        cnt = np.asarray(e["bins"]["count"]["first"])
+        H = lme.shape[-1]
+        W0 = np.asarray(rec["widths"])[width_index(rec, width)][0]
+        slopes = []
+        for h in range(H):
+            far = (edges[:-1] >= min(W0[h], rec["train_length"] / 4)) & (cnt[:, h] > 0) & np.isfinite(lme[:, h])
+            slopes.append(float(np.polyfit(centers[far], lme[far, h], 1)[0]) if far.sum() >= 2 else math.nan)
+        m = alibi_slopes(H).numpy()
+        rel = np.abs(np.array(slopes) + m) / m
+        data["alibi_log_mean_exp_slopes"] = {"fitted": slopes, "minus_m_h": (-m).tolist()}
+        claims["alibi_log_mean_exp_slope_is_minus_m_h"] = bool(np.nanmedian(rel) < 0.25)
+    return data, claims, checks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M6: value-side incoherence
+
+
+def coherence_summary(cells: dict, factor: float = 3.0) -> tuple[dict, dict, dict]:
+    """M6: κ (the far background's coherence ratio, per-head width) against the incoherent prediction
+    √(1 + 2W)/√M_eff, and ‖o_F‖/‖o_N‖ against L.
+
+    Claim, per cell: ``<c>_kappa_matches_incoherent_prediction``: the median over sampled queries of
+    κ / (√(1 + 2W)/√M_eff) lies within a ``factor`` of 1 at the longest length. Rotating values predicts it;
+    Q/K-only models keep κ = 1, far above the prediction once M_eff ≫ W (their negative control).
+    ``qkv_far_output_grows_slower``: ‖o_F‖/‖o_N‖ grows less from the first length with far keys to the last for
+    the Q/K/V cells than for the Q/K cells (medians over each group). Check: ``<c>_kappa_is_one`` for every Q/K
+    cell (values are not transported: κ = 1 by construction).
+    """
+    data, claims, checks = {"cells": {}}, {}, {}
+    growth = {}
+    for c, entry in cells.items():
+        rec = entry["record"]
+        rows = {"lengths": rec["lengths"], "far_near_ratio": [], "kappa_median": [], "predicted_median": []}
+        for L in rec["lengths"]:
+            e = length_entry(rec, L)
+            s = e["sample"]
+            pred = np.sqrt(1 + 2 * s["W"]) / np.sqrt(s["m_eff"])
+            ok = np.isfinite(s.get("kappa", np.full_like(pred, np.nan))) & np.isfinite(pred) & (s["m_eff"] > 0)
+            rows["far_near_ratio"].append(float(_nanmedian(np.asarray(e["far_near_ratio_median"]))))
+            rows["kappa_median"].append(float(np.median(s["kappa"][ok])) if ok.any() else math.nan)
+            rows["predicted_median"].append(float(np.median(pred[ok])) if ok.any() else math.nan)
+            if L == rec["lengths"][-1]:
+                rows["kappa"], rows["predicted"] = (s["kappa"][ok], pred[ok]) if ok.any() else ([], [])
+                ratio = s["kappa"][ok] / pred[ok] if ok.any() else np.array([])
+                claims[f"{c}_kappa_matches_incoherent_prediction"] = (
+                    bool(1 / factor <= np.median(ratio) <= factor) if ratio.size else None)
+                if not rotates_values(entry) and ok.any():
+                    checks[f"{c}_kappa_is_one"] = bool(np.allclose(s["kappa"][ok], 1.0, atol=1e-4))
+        data["cells"][c] = rows
+        r = np.asarray(rows["far_near_ratio"], np.float64)
+        first = np.nonzero(np.isfinite(r) & (r > 0))[0]
+        growth[c] = r[-1] / r[first[0]] if first.size >= 1 and first[0] < len(r) - 1 else math.nan
+    qkv = [growth[c] for c in cells if rotates_values(cells[c]) and math.isfinite(growth[c])]
+    qk = [growth[c] for c in cells if not rotates_values(cells[c]) and math.isfinite(growth[c])]
+    data["far_output_growth"] = growth
+    claims["qkv_far_output_grows_slower"] = bool(np.median(qkv) < np.median(qk)) if qkv and qk else None
+    return data, claims, checks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M2: learned windows and score decorrelation
+
+
+def learned_summary(cells: dict, vanish: float = 0.1, width="128") -> tuple[dict, dict, dict]:
+    """M2: per-block γ and windows (models with step angles), the per-head windows W_h, ρ_s(n) at every length
+    (mean over layers of the median head) and, from the step angles, the predicted ρ̂_s(n) and coherence c_h(n).
+
+    Claim, per cell: ``<c>_rho_s_vanishes_beyond_window``: the median |ρ_s| over the bins at distances ≥ W (the
+    fixed width ``width``, the same for every cell), at the longest length, is below ``vanish``. Mixing predicts
+    it. RoPE is the control: its ρ_s(n) = Σ_b w_b cos(n ω_b) is deterministic but can dephase across blocks too,
+    and where RoPE passes, the claim does not tell mixing from dephasing. ``<c>_rho_s_matches_prediction`` (cells
+    with step angles): measured and predicted median-head ρ_s within 0.1 at the M2 lags ≤ the training length.
+    ``<c>_rho_s_stationary_within_training``: ρ_s at n < L_train is the same (within 0.1) at the first and the
+    last length (a necessary condition, expected of RoPE too).
+    """
+    data, claims, checks = {"cells": {}, "width": str(width)}, {}, {}
+    for c, entry in cells.items():
+        rec = entry["record"]
+        L0 = rec["train_length"]
+        rows = {"W_heads": np.asarray(rec["widths"])[0], "W_m2": np.asarray(rec["m2"]["W_m2"]),
+                "source": np.asarray(rec["width_source"]).astype(str).tolist(), "rho_s": {}}
+        if "angles" in rec:
+            a = rec["angles"]
+            rows.update(gamma=a["gamma"], W_emp=a["W_emp"], W_pred=a["W_pred"],
+                        finite_window_fraction=float(np.mean(np.isfinite(a["W_emp"]))))
+        if "lags" in rec["m2"]:
+            rows["m2_lags"] = rec["m2"]["lags"]
+            rows["rho_s_pred"] = _nanmedian(_nanmean(np.asarray(rec["m2"]["rho_s_pred"]), axis=1), axis=-1)
+            rows["coherence"] = _nanmedian(_nanmean(np.asarray(rec["m2"]["coherence"]), axis=1), axis=-1)
+        for L in rec["lengths"]:
+            e = length_entry(rec, L)
+            if "rho_s" not in e["bins"]:
+                continue
+            keep = np.asarray(e["bins"]["count"]["heads_median"])[0] > 0
+            rows["rho_s"][str(L)] = {"n": _centres(e["edges"])[keep],
+                                     "rho_s": _nanmean(np.asarray(e["bins"]["rho_s"]["heads_median"]), axis=0)[keep]}
+        data["cells"][c] = rows
+        if not rows["rho_s"]:
+            continue
+        Lmax = rec["lengths"][-1]
+        far = length_entry(rec, Lmax).get("rho_s_far_median")
+        w = width_index(rec, width)
+        claims[f"{c}_rho_s_vanishes_beyond_window"] = (
+            bool(np.asarray(far)[w] < vanish) if far is not None and np.isfinite(np.asarray(far)[w]) else None)
+        if "rho_s_pred" in rows:
+            m2L = str(rec["lengths"][0])
+            meas = rows["rho_s"][m2L]
+            sel = rows["m2_lags"] < L0
+            if sel.any():
+                measured = np.interp(rows["m2_lags"][sel], meas["n"], meas["rho_s"])
+                diff = np.abs(measured - rows["rho_s_pred"][sel])
+                claims[f"{c}_rho_s_matches_prediction"] = bool(np.nanmax(diff) < 0.1)
+        first, last = rows["rho_s"].get(str(L0)), rows["rho_s"].get(str(Lmax))
+        if first is not None and last is not None:
+            common = min(len(first["n"]), len(last["n"]))
+            within = first["n"][:common] < L0
+            claims[f"{c}_rho_s_stationary_within_training"] = bool(
+                np.nanmax(np.abs(first["rho_s"][:common] - last["rho_s"][:common])[within]) < 0.1)
+    return data, claims, checks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# M7, M8: perplexity against length
+
+
+def length_rows(ev: dict, scaling: str = "lengths") -> dict:
+    """r(L) with its 95% interval, the losses and the per-position buckets at the longest L of one eval.json."""
+    items = sorted(ev[scaling].items(), key=lambda t: int(t[0]))
+    longest = items[-1][1]
+    return {"lengths": [int(L) for L, _ in items], "ratio": [r["ratio"] for _, r in items],
+            "ratio_lo": [r["ratio_ci95"][0] for _, r in items], "ratio_hi": [r["ratio_ci95"][1] for _, r in items],
+            "loss": [r["loss"] for _, r in items], "loss_train_context": [r["loss_train_context"] for _, r in items],
+            "n_windows": [r["n_windows"] for _, r in items], "train_length": ev["train_length"],
+            "position": [0.5 * (b["start"] + b["stop"]) for b in longest["buckets"]],
+            "position_loss": [b["loss"] for b in longest["buckets"]],
+            "position_loss_train_context": [b["loss_train_context"] for b in longest["buckets"]]}
+
+
+def _ratio_at(rows: dict, L: int):
+    return rows["ratio"][rows["lengths"].index(L)] if L in rows["lengths"] else None
+
+
+def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
+    """M7: r(L) per cell with bootstrap intervals, the training-length loss, and the published ratios as a table.
+
+    Claims: ``rope_degrades_beyond_training`` (r(8K) > 2); ``alibi_stays_flat`` (r at the longest L < 1.2);
+    ``accumulated_rotations_beat_rope`` and ``qkv_flatter_than_qk`` (random rotations, at the longest L);
+    ``path_flatter_than_rope``; ``path_fox_no_worse_than_path``.
+    """
+    from pathlab.probes.published import PUBLISHED
+
+    rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
+    data = {"cells": rows, "published": [{"model": m, "L": L, "L_train": Lt, "ratio": r} for m, L, Lt, r in PUBLISHED],
+            "in_distribution_loss": {c: r["loss"][0] for c, r in rows.items()}}
+    last = {c: r["ratio"][-1] for c, r in rows.items()}
+    claims = {}
+    if "rope" in rows and _ratio_at(rows["rope"], 8192) is not None:
+        claims["rope_degrades_beyond_training"] = bool(_ratio_at(rows["rope"], 8192) > 2.0)
+    if "alibi" in last:
+        claims["alibi_stays_flat"] = bool(last["alibi"] < 1.2)
+    pairs = {"accumulated_rotations_beat_rope": ("rot_random_qk", "rope"),
+             "qkv_flatter_than_qk": ("rot_random_qkv", "rot_random_qk"),
+             "path_flatter_than_rope": ("path", "rope"), "path_fox_no_worse_than_path": ("path_fox", "path")}
+    for name, (a, b) in pairs.items():
+        if a in last and b in last:
+            claims[name] = bool(last[a] <= last[b]) if name.endswith("than_path") else bool(last[a] < last[b])
+    return data, claims, {}
+
+
+def window_of(entry) -> float:
+    """The mixing window a cell's rotations were given (``window=W``); RoPE is W = ∞; None for other cells."""
+    kw = entry["cell"].get("attention_kwargs") or {}
+    if "window" in kw:
+        return float(kw["window"])
+    return math.inf if entry["cell"]["attention"] == "rope" else None
+
+
+def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict, dict]:
+    """The theory's direct test: r(L) and the in-distribution loss against the mixing window W of the rotations
+    (θ = ω_b + σ N(0, 1), every block mixing within W), for Q/K/V and Q/K, with RoPE as W = ∞.
+
+    Claims, per group (``qkv``, ``qk``): ``<g>_windows_below_training_length_extrapolate_better``: every cell
+    with W < L_train has a lower r at the longest length than every cell with W ≥ L_train (RoPE included): the
+    prediction "extrapolation iff the window is below the training length". ``<g>_ratio_rises_with_window``: r
+    at the longest length is non-decreasing in W. None when a group lacks cells on either side.
+    """
+    data, claims = {"groups": {}, "lengths": list(lengths)}, {}
+    rope = cells.get("rope")
+    for group in ("qkv", "qk"):
+        members = {c: e for c, e in cells.items() if window_of(e) is not None and
+                   (e["cell"]["attention"] == "rope" or rotates_values(e) == (group == "qkv"))}
+        pts = []
+        for c, e in members.items():
+            rows = length_rows(e["eval"])
+            pts.append({"cell": c, "W": window_of(e), "loss_train_length": rows["loss"][0],
+                        **{f"r{L}": _ratio_at(rows, L) for L in lengths},
+                        **{f"r{L}_ci": ([rows["ratio_lo"][rows["lengths"].index(L)],
+                                         rows["ratio_hi"][rows["lengths"].index(L)]] if L in rows["lengths"] else None)
+                           for L in lengths}})
+        pts.sort(key=lambda p: p["W"])
+        if all(math.isinf(p["W"]) for p in pts):  # RoPE alone: this group has no sweep cell yet
+            pts = []
+        data["groups"][group] = pts
+        L_train = (rope or next(iter(cells.values())))["eval"]["train_length"]
+        key = f"r{lengths[-1]}"
+        below = [p[key] for p in pts if p["W"] < L_train and p[key] is not None]
+        above = [p[key] for p in pts if p["W"] >= L_train and p[key] is not None]
+        claims[f"{group}_windows_below_training_length_extrapolate_better"] = (
+            bool(max(below) < min(above)) if below and above else None)
+        rs = [p[key] for p in pts if p[key] is not None]
+        claims[f"{group}_ratio_rises_with_window"] = bool(np.all(np.diff(rs) >= 0)) if len(rs) >= 3 else None
+        data["train_length"] = L_train
+    return data, claims, {}
+
+
+def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
+    """M8: (a) the dispersion sweep τ (RoPE = τ 0), (b) far-mass control (PaTH vs PaTH-FoX, random rotations
+    with and without a FoX gate), (c) NTK-scaled RoPE at evaluation.
+
+    Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L decreasing in τ);
+    ``forget_gate_improves_extrapolation`` (PaTH-FoX ≤ PaTH); ``gate_improves_rotations``
+    (rot_random_qk_fox < rot_random_qk); ``forget_gate_limits_far_mass_growth`` (PaTH-FoX's far mass rises less
+    than PaTH's, per-head width); ``ntk_scaling_helps_rope``.
+    """
+    data, claims = {}, {}
+    rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
+    sweep = []
+    for c, e in cells.items():
+        kw = e["cell"].get("attention_kwargs") or {}
+        if e["cell"]["attention"] == "rope":
+            tau = 0.0
+        elif kw.get("table") == "position" and "dispersion" in kw and "window" not in kw:
+            tau = float(kw["dispersion"])
+        else:
+            continue
+        sweep.append({"tau": tau, "cell": c, "ratio_longest": rows[c]["ratio"][-1], "L": rows[c]["lengths"][-1],
+                      "finite_window_fraction": (float(np.mean(np.isfinite(e["record"]["angles"]["W_emp"])))
+                                                 if "angles" in e["record"] else None)})
+    sweep.sort(key=lambda s: s["tau"])
+    data["dispersion_sweep"] = sweep
+    if len(sweep) >= 2:
+        claims["extrapolation_improves_with_dispersion"] = bool(np.all(np.diff([s["ratio_longest"] for s in sweep]) < 0))
+    control = {}
+    for a, b, name in (("path", "path_fox", "forget_gate_improves_extrapolation"),
+                       ("rot_random_qk", "rot_random_qk_fox", "gate_improves_rotations")):
+        if a in rows and b in rows:
+            control[a], control[b] = rows[a], rows[b]
+            claims[name] = bool(rows[b]["ratio"][-1] <= rows[a]["ratio"][-1])
+    data["far_mass_control"] = control
+    if {"path", "path_fox"} <= set(cells):
+        fm, _, _ = far_mass_summary({c: cells[c] for c in ("path", "path_fox")})
+        rho = {c: np.mean(np.asarray(fm["cells"][c]["measured"]), axis=1) for c in ("path", "path_fox")}
+        data["far_mass_control_rho"] = rho
+        claims["forget_gate_limits_far_mass_growth"] = bool(rho["path_fox"][-1] - rho["path_fox"][0]
+                                                            <= rho["path"][-1] - rho["path"][0])
+    if "rope" in cells and "ntk" in cells["rope"]["eval"]:
+        data["ntk"] = {"rope": rows["rope"], "rope+ntk": length_rows(cells["rope"]["eval"], "ntk")}
+        claims["ntk_scaling_helps_rope"] = bool(data["ntk"]["rope+ntk"]["ratio"][-1] < rows["rope"]["ratio"][-1])
+    return data, claims, {}
+
+
+def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
+    """r(L) of each cell and its second seed side by side (``<cell>-seed2``): the spread between seeds."""
+    data = {"pairs": {}}
+    for c in cells:
+        twin = f"{c}-seed2"
+        if twin in cells:
+            a, b = length_rows(cells[c]["eval"]), length_rows(cells[twin]["eval"])
+            data["pairs"][c] = {"lengths": a["lengths"], "seed1": a["ratio"], "seed2": b["ratio"],
+                                "loss_seed1": a["loss"][0], "loss_seed2": b["loss"][0]}
+    return data, {}, {}
+
+
+def extrapolation_markdown(data: dict) -> str:
+    """Table N1: r(L) per cell and length (95% interval), and the published ratios in their own table."""
+    cells = data["cells"]
+    lengths = sorted({L for r in cells.values() for L in r["lengths"]})
+    head = "| cell | " + " | ".join(f"r({L // 1024}K)" if L >= 1024 else f"r({L})" for L in lengths) + " |"
+    lines = [head, "|---" * (len(lengths) + 1) + "|"]
+    for c, r in cells.items():
+        vals = {L: f"{x:.2f} [{lo:.2f}, {hi:.2f}]" for L, x, lo, hi in zip(r["lengths"], r["ratio"], r["ratio_lo"],
+                                                                           r["ratio_hi"])}
+        lines.append(f"| {c} | " + " | ".join(vals.get(L, "—") for L in lengths) + " |")
+    lines += ["", "| published (L_train = 512) | L | r(L) |", "|---|---|---|"]
+    lines += [f"| {p['model']} | {p['L']} | {p['ratio']} |" for p in data["published"]]
+    return "\n".join(lines)
+
+
+def fixed_widths(cells: dict) -> list[str]:
+    """The fixed near-set widths every cell was measured with (labels, e.g. ["64", "128"])."""
+    labels = [set(str(x) for x in np.atleast_1d(e["record"]["width_labels"])) - {"per-head"} for e in cells.values()]
+    common = set.intersection(*labels) if labels else set()
+    return sorted(common, key=float)

@@ -1,0 +1,183 @@
+"""Figure summaries from compact records: every claim is computed for every cell, follows the numbers, and can
+fail (negative controls on synthetic inputs); theorems are checks, not claims."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pathlab import ModelConfig, build_model
+from pathlab.probes import records, summaries
+from pathlab.probes.model import learned_head_windows, measure_model
+
+L_TRAIN = 64
+
+
+def _eval(ratios: dict) -> dict:
+    """A minimal eval.json with the given r(L)."""
+    lengths = {}
+    for L, r in ratios.items():
+        lengths[str(L)] = {"ratio": r, "ratio_ci95": [r * 0.95, r * 1.05], "loss": 3.0 + math.log(r),
+                           "loss_train_context": 3.0, "n_windows": 4,
+                           "buckets": [{"start": 0, "stop": L, "loss": 3.0, "loss_train_context": 3.0}]}
+    return {"train_length": L_TRAIN, "lengths": lengths}
+
+
+@pytest.fixture(scope="module")
+def cells():
+    out = {}
+    for name in ("rope", "alibi", "rot_random_qk", "rot_random_qkv"):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, attention=name))
+        m2 = torch.randint(0, 64, (2, 256), generator=torch.Generator().manual_seed(1))
+        near = learned_head_windows(model, m2, n_max=255, fallback=L_TRAIN)
+        raw = {}
+        for L in (64, 256):
+            windows = torch.randint(0, 64, (2, L), generator=torch.Generator().manual_seed(L))
+            raw[L] = measure_model(model, windows, n_queries=6, span=32, near_windows=[near["W"], 8, 32],
+                                   angle_lag=min(63, L - 1) if L == 256 else None)
+        settings = {"near": [8, 32], "eps": 0.05, "n_queries": 6, "n_windows": 2}
+        rec = records.reduce(raw, near, L_TRAIN, settings)
+        out[name] = {"cell": {"attention": name, "attention_kwargs": {}}, "record": rec,
+                     "eval": _eval({64: 1.0, 256: 1.5})}
+    return out
+
+
+def _all(cells):
+    return [summaries.far_mass_summary(cells), summaries.far_mass_summary(cells, width=8),
+            summaries.bound_summary(cells), summaries.score_summary(cells), summaries.coherence_summary(cells),
+            summaries.learned_summary(cells, width=8), summaries.extrapolation_summary(cells),
+            summaries.ablation_summary(cells)]
+
+
+def test_claims_are_bool_or_none_checks_bool_and_every_cell_is_covered(cells):
+    for data, claims, checks in _all(cells):
+        assert all(v is None or isinstance(v, bool) for v in claims.values())
+        assert all(isinstance(v, bool) for v in checks.values())
+    data, claims, _ = summaries.far_mass_summary(cells, width=8)
+    for c in cells:  # the theory variants' claims are also computed for RoPE and ALiBi (their negative controls)
+        assert f"{c}_far_mass_rises_with_length" in claims and f"{c}_prediction_within_0.1" in claims
+    assert summaries.fixed_widths(cells) == ["8", "32"]
+    with pytest.raises(ValueError, match="width must be one of"):
+        summaries.far_mass_summary(cells, width=5)
+
+
+def test_theorems_are_checks_that_hold(cells):
+    _, claims, checks = summaries.bound_summary(cells)
+    assert checks["bound_never_violated"] is True and "bound_never_violated" not in claims
+    _, _, checks = summaries.coherence_summary(cells)
+    assert checks["rot_random_qk_kappa_is_one"] is True and "rot_random_qkv_kappa_is_one" not in checks
+
+
+def test_a_violated_bound_fails_the_check(cells):
+    bad = copy.deepcopy(cells)
+    bad["rope"]["record"]["L256"]["bound_violations"] = np.array([3, 0, 0])
+    assert summaries.bound_summary(bad)[2]["bound_never_violated"] is False
+
+
+def test_far_mass_rise_follows_the_numbers(cells):
+    up = copy.deepcopy(cells)
+    for c, rho in (("rot_random_qk", (0.2, 0.7)), ("rope", (0.7, 0.2))):
+        for L, value in zip((64, 256), rho):
+            up[c]["record"][f"L{L}"]["heads"]["far_mass"][:] = value
+    _, claims, _ = summaries.far_mass_summary(up, width=8)
+    assert claims["rot_random_qk_far_mass_rises_with_length"] is True
+    assert claims["rope_far_mass_rises_with_length"] is False
+
+
+def test_prediction_claim_undefined_without_predictable_heads_and_false_when_off(cells):
+    none = copy.deepcopy(cells)
+    none["rope"]["record"]["gap_hat"][:] = np.nan
+    assert summaries.far_mass_summary(none)[1]["rope_prediction_within_0.1"] is None
+    off = copy.deepcopy(cells)
+    for L in (64, 256):
+        off["rot_random_qk"]["record"][f"L{L}"]["predicted_far_mass"][:] = 0.0
+        off["rot_random_qk"]["record"][f"L{L}"]["heads"]["far_mass"][:] = 0.9
+    assert summaries.far_mass_summary(off, width=8)[1]["rot_random_qk_prediction_within_0.1"] is False
+    on = copy.deepcopy(off)
+    for L in (64, 256):
+        on["rot_random_qk"]["record"][f"L{L}"]["predicted_far_mass"][:] = 0.85
+    assert summaries.far_mass_summary(on, width=8)[1]["rot_random_qk_prediction_within_0.1"] is True
+
+
+def _flatten_far_scores(rec, shift_beyond):
+    """Make the first layer's median-head μ, σ constant across distances, then shift μ beyond the training
+    length by ``shift_beyond`` σ."""
+    e = rec["L256"]
+    edges = np.asarray(e["edges"])
+    for k, v in (("mean", 0.0), ("std", 1.0)):
+        e["bins"][k]["first"][:] = v
+    e["bins"]["count"]["first"][:] = 10
+    e["bins"]["mean"]["first"][edges[:-1] >= L_TRAIN] = shift_beyond
+
+
+def test_far_score_stationarity_can_fail(cells):
+    good, bad = copy.deepcopy(cells), copy.deepcopy(cells)
+    _flatten_far_scores(good["rot_random_qk"]["record"], 0.0)
+    _flatten_far_scores(bad["rope"]["record"], 1.0)
+    assert summaries.score_summary(good)[1]["rot_random_qk_far_scores_stationary_beyond_training"] is True
+    assert summaries.score_summary(bad)[1]["rope_far_scores_stationary_beyond_training"] is False
+
+
+def test_kappa_claim_separates_qkv_from_qk(cells):
+    fake = copy.deepcopy(cells)
+    for c in ("rot_random_qk", "rot_random_qkv"):
+        s = fake[c]["record"]["L256"]["sample"]
+        s["W"][:] = 4.0
+        s["m_eff"][:] = 900.0  # √(1 + 2W)/√M_eff = 0.1
+        s["kappa"][:] = 0.1 if c.endswith("qkv") else 1.0
+    _, claims, _ = summaries.coherence_summary(fake)
+    assert claims["rot_random_qkv_kappa_matches_incoherent_prediction"] is True
+    assert claims["rot_random_qk_kappa_matches_incoherent_prediction"] is False
+
+
+def test_rho_s_vanishing_can_fail(cells):
+    fake = copy.deepcopy(cells)
+    fake["rot_random_qk"]["record"]["L256"]["rho_s_far_median"] = np.array([0.02, 0.02, 0.02])
+    fake["rope"]["record"]["L256"]["rho_s_far_median"] = np.array([0.6, 0.6, 0.6])
+    _, claims, _ = summaries.learned_summary(fake, width=8)
+    assert claims["rot_random_qk_rho_s_vanishes_beyond_window"] is True
+    assert claims["rope_rho_s_vanishes_beyond_window"] is False
+
+
+def test_extrapolation_claims_follow_the_numbers(cells):
+    fake = copy.deepcopy(cells)
+    fake["rope"]["eval"] = _eval({64: 1.0, 8192: 16.0})
+    fake["alibi"]["eval"] = _eval({64: 1.0, 8192: 0.97})
+    fake["rot_random_qk"]["eval"] = _eval({64: 1.0, 8192: 7.0})
+    fake["rot_random_qkv"]["eval"] = _eval({64: 1.0, 8192: 1.6})
+    _, claims, _ = summaries.extrapolation_summary(fake)
+    assert claims == {"rope_degrades_beyond_training": True, "alibi_stays_flat": True,
+                      "accumulated_rotations_beat_rope": True, "qkv_flatter_than_qk": True}
+    fake["rot_random_qkv"]["eval"] = _eval({64: 1.0, 8192: 9.0})
+    fake["rope"]["eval"] = _eval({64: 1.0, 8192: 1.5})
+    _, claims, _ = summaries.extrapolation_summary(fake)
+    assert claims["qkv_flatter_than_qk"] is False and claims["rope_degrades_beyond_training"] is False
+
+
+def _sweep(ratios: dict) -> dict:
+    out = {"rope": {"cell": {"attention": "rope"}, "eval": _eval({64: 1.0, 1024: ratios.pop("rope")})}}
+    for W, r in ratios.items():
+        out[f"W{W}"] = {"cell": {"attention": "rot_random_qkv", "attention_kwargs": {"window": W}},
+                        "eval": _eval({64: 1.0, 1024: r})}
+    return out
+
+
+def test_window_sweep_separation_holds_and_fails():
+    _, claims, _ = summaries.window_sweep_summary(_sweep({16: 1.1, 32: 1.2, 256: 5.0, "rope": 9.0}), lengths=(1024,))
+    assert claims["qkv_windows_below_training_length_extrapolate_better"] is True
+    assert claims["qkv_ratio_rises_with_window"] is True
+    assert claims["qk_windows_below_training_length_extrapolate_better"] is None  # no Q/K sweep cell
+    _, claims, _ = summaries.window_sweep_summary(_sweep({16: 6.0, 32: 1.2, 256: 5.0, "rope": 9.0}), lengths=(1024,))
+    assert claims["qkv_windows_below_training_length_extrapolate_better"] is False
+    assert claims["qkv_ratio_rises_with_window"] is False
+
+
+def test_markdown_table_lists_cells_and_published_numbers(cells):
+    data, _, _ = summaries.extrapolation_summary(cells)
+    text = summaries.extrapolation_markdown(data)
+    assert "| rope |" in text and "published" in text and "[" in text
