@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "data": ("pathlab.data.cli", "prepare and inspect token corpora"),
     "train": ("pathlab.train", "train a language model from a config"),
     "eval": ("pathlab.evaluate", "length-extrapolation evaluation of a trained run"),
+    "study": ("pathlab.study", "train, evaluate and probe the cells of a study (configs/studies/)"),
     "figures": ("pathlab.figures", "run every notebook through papermill and regenerate figures/"),
     "tasks": ("pathlab.tasks.cli", "state-tracking tasks: flip-flop, A5 word problems, MQRAR-N"),
     "info": ("pathlab.info", "list the attention variants and their parameter counts"),

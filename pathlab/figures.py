@@ -1,15 +1,19 @@
-"""``pathlab figures``: run every notebook through papermill and regenerate the figures.
+"""``pathlab figures``: run every notebook through papermill and regenerate the figures of a study.
 
-    pathlab figures                          # tiny-cpu profile, all notebooks, into figures/
-    pathlab figures --only far_mass --fast   # one notebook, CI-sized, into build/figures-fast/tiny-cpu/
-    pathlab figures --profile h200-mini      # figures from the h200-mini runs, into figures/h200-mini/
+    pathlab figures                              # the tiny-cpu study (trained here), all notebooks, into figures/
+    pathlab figures --profile owt16-debian       # from the committed 16-layer results, into figures/owt16-debian/
+    pathlab figures --only far_mass --fast       # one notebook, CI-sized, into build/figures-fast/tiny-cpu/
 
-Each notebook gets the parameters ``profile``, ``fast`` and ``out_dir`` (its cell tagged ``parameters``), runs in
-the repository root, and its executed copy goes to ``build/notebooks/<profile>/`` (git-ignored). Figures and their
-JSON sidecars are written atomically by the notebooks (:mod:`pathlab.results`); a notebook that fails is reported
-and the others still run. Notebooks that need trained models list the variants in their metadata
-(``"pathlab": {"variants": [...]}``); for ``tiny-cpu`` the missing runs are trained first, for the other profiles
-the command says how to produce them.
+A profile is a study (``configs/studies/<name>.yaml``, :mod:`pathlab.study`): the model-based figures read its
+cells' compact results. For a study that trains on the CPU (``tiny-cpu``), the cells the notebooks need are
+trained, evaluated and probed first (about a minute each on 2 cores); for a GPU study the figures use the cells
+with committed results and name the missing ones.
+
+Each notebook gets the parameters ``profile``, ``fast`` and ``out_dir`` (its cell tagged ``parameters``) and runs
+in the repository root; its executed copy goes to ``build/notebooks/<profile>/`` (git-ignored). A notebook writes
+into a staging folder, and only when it finishes are its declared outputs (its metadata ``pathlab.outputs``)
+moved into the figure folder, so a failing notebook changes nothing there. A notebook run on its own (JupyterLab,
+papermill) writes to ``build/figures/<profile>/`` unless given ``out_dir``.
 """
 
 from __future__ import annotations
@@ -17,16 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
-
-PROFILES = {
-    "tiny-cpu": "tiny models trained on the CPU in about a minute per variant (the committed figures)",
-    "h200-mini": "small models trained on one H200",
-    "owt16": "the paper setting: 16 layers x 768 on OpenWebText, context 512",
-}
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers the notebooks call
@@ -49,24 +47,53 @@ def project_path(path: str | os.PathLike) -> Path:
     return path if path.is_absolute() else find_project_root() / path
 
 
+def profiles() -> list[str]:
+    """The profiles: the study configs under ``configs/studies/``."""
+    from pathlab.study import available_studies
+
+    return available_studies()
+
+
 def check_parameters(*, profile, fast, out_dir, seed=0) -> None:
     """Validate the notebook parameters; a ValueError names the parameter and what was expected."""
-    if not isinstance(profile, str) or profile not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    known = profiles()
+    if not isinstance(profile, str) or profile not in known:
+        raise ValueError(f"profile must be one of {', '.join(known)}, got {profile!r}")
     if not isinstance(fast, bool):
         raise ValueError(f"fast must be True or False, got {fast!r} ({type(fast).__name__}); "
                          "pass -p fast True to papermill, or --fast to `pathlab figures`")
-    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
-        raise ValueError(f"out_dir must be a folder path, got {out_dir!r}")
+    if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
+        raise ValueError(f"out_dir must be a folder path or None (build/figures/<profile>/), got {out_dir!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
 
 
+def notebook_out_dir(profile: str, fast: bool, out_dir=None) -> Path:
+    """Where a notebook writes: ``out_dir`` if given, else ``build/figures/<profile>[-fast]/`` (never the
+    committed figures unless asked)."""
+    if out_dir is None:
+        out_dir = f"build/figures/{profile}{'-fast' if fast else ''}"
+    return project_path(out_dir)
+
+
 def default_out_dir(profile: str, fast: bool) -> str:
-    """figures/ for tiny-cpu, figures/<profile>/ for the others; build/figures-fast/<profile>/ for fast runs."""
+    """``pathlab figures``' folder: figures/ for tiny-cpu, figures/<profile>/ for the others;
+    build/figures-fast/<profile>/ for fast runs."""
     if fast:
         return f"build/figures-fast/{profile}"
     return "figures" if profile == "tiny-cpu" else f"figures/{profile}"
+
+
+def scale_note(info: dict) -> str:
+    """The line a model-based figure carries about the models it shows (toy scale: a pipeline check)."""
+    note = f"study {info['study']}"
+    if info.get("description"):
+        note += f" ({info['description']})"
+    if info.get("toy_scale"):
+        note += ": toy-scale models, a pipeline check, not evidence"
+    if info.get("missing"):
+        note += f"; not yet run: {', '.join(info['missing'])}"
+    return note
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -77,11 +104,12 @@ def list_notebooks(notebook_dir: Path) -> list[Path]:
     return sorted(p for p in Path(notebook_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-def notebook_variants(path: Path) -> list[str]:
-    """Attention variants whose trained runs the notebook needs (its metadata ``pathlab.variants``)."""
+def notebook_meta(path: Path) -> dict:
+    """The notebook's ``pathlab`` metadata: ``figures`` (the study figure lists it reads) and ``outputs`` (the
+    figure stems it writes)."""
     with open(path, encoding="utf-8") as f:
-        meta = json.load(f).get("metadata", {})
-    return list(meta.get("pathlab", {}).get("variants", []))
+        meta = json.load(f).get("metadata", {}).get("pathlab", {})
+    return {"figures": list(meta.get("figures", [])), "outputs": list(meta.get("outputs", []))}
 
 
 def run_notebook(path: Path, output: Path, parameters: dict, cwd: Path) -> tuple[bool, str]:
@@ -99,19 +127,47 @@ def run_notebook(path: Path, output: Path, parameters: dict, cwd: Path) -> tuple
         return False, f"{type(err).__name__}: {err}".strip()
 
 
-def collect_results(out_dir: Path, since: float) -> list[dict]:
-    """The results JSONs written into out_dir at or after ``since`` (one notebook's run)."""
-    found = []
-    for p in sorted(Path(out_dir).glob("*.json")):
-        if p.stat().st_mtime >= since - 1.0:
-            try:
-                with open(p, encoding="utf-8") as f:
-                    record = json.load(f)
-                found.append({"stem": p.stem, "claims": dict(record.get("claims", {})),
-                              "figure": p.with_suffix(".png").exists()})
-            except (OSError, ValueError) as err:
-                found.append({"stem": p.stem, "claims": {}, "figure": False, "error": str(err)})
-    return found
+def collect_outputs(staging: Path, stems: list[str]) -> tuple[list[dict], list[str]]:
+    """The declared outputs of one notebook in its staging folder: per stem its claims and checks, and the
+    names of the declared stems that it did not write."""
+    found, absent = [], []
+    for stem in stems:
+        p = staging / f"{stem}.json"
+        if not p.is_file():
+            absent.append(stem)
+            continue
+        with open(p, encoding="utf-8") as f:
+            record = json.load(f)
+        found.append({"stem": stem, "claims": dict(record.get("claims", {})),
+                      "checks": dict(record.get("checks", {})), "figure": (staging / f"{stem}.png").is_file()})
+    return found, absent
+
+
+def publish(staging: Path, out_dir: Path) -> None:
+    """Move every file of a finished notebook's staging folder into ``out_dir`` (each an atomic rename)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for p in sorted(staging.iterdir()):
+        os.replace(p, out_dir / p.name)
+    staging.rmdir()
+
+
+def _claim_text(res: dict) -> str:
+    held = [k for k, v in res["claims"].items() if v is True]
+    failed = [k for k, v in res["claims"].items() if v is False]
+    undefined = [k for k, v in res["claims"].items() if v is None]
+    broken = [k for k, v in res["checks"].items() if not v]
+    parts = []
+    if res["claims"]:
+        parts.append(f"{len(held)}/{len(res['claims'])} claims held")
+    if failed:
+        parts.append(f"NOT held: {', '.join(failed)}")
+    if undefined:
+        parts.append(f"undefined: {', '.join(undefined)}")
+    if res["checks"]:
+        parts.append(f"{len(res['checks']) - len(broken)}/{len(res['checks'])} checks passed")
+    if broken:
+        parts.append(f"CHECKS FAILED: {', '.join(broken)}")
+    return f"{res['stem']}{'' if res['figure'] else ' (json only)'}: " + ("; ".join(parts) or "no claims")
 
 
 def _print_summary(rows: list[dict], stream=None) -> None:
@@ -127,36 +183,49 @@ def _print_summary(rows: list[dict], stream=None) -> None:
             print("  (no figure written)", file=stream)
             continue
         for i, res in enumerate(row["results"]):
-            held = [k for k, v in res["claims"].items() if v]
-            failed = [k for k, v in res["claims"].items() if not v]
-            text = f"{res['stem']}{'' if res['figure'] else ' (json only)'}: {len(held)}/{len(res['claims'])} held"
-            if failed:
-                text += f"; NOT held: {', '.join(failed)}"
-            print(("  " if i == 0 else " " * 43) + text, file=stream)
+            print(("  " if i == 0 else " " * 43) + _claim_text(res), file=stream)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", default="tiny-cpu", choices=list(PROFILES),
-                        help="which trained runs the model-based figures use (default: tiny-cpu)")
+    parser.add_argument("--profile", default="tiny-cpu",
+                        help="the study whose results the model-based figures use (default: tiny-cpu)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="run only this notebook (its file name without .ipynb); repeatable")
-    parser.add_argument("--fast", action="store_true", help="CI-sized run (fewer trials, few training steps)")
+    parser.add_argument("--fast", action="store_true", help="CI-sized run (the study's fast version)")
     parser.add_argument("--out-dir", default=None,
                         help="where figures go (default: figures/ for tiny-cpu, figures/<profile>/ otherwise, "
                              "build/figures-fast/<profile>/ with --fast)")
     parser.add_argument("--notebooks", default="notebooks", help="folder of notebooks (default: notebooks)")
     parser.add_argument("--build-dir", default="build/notebooks", help="executed copies (default: build/notebooks)")
     parser.add_argument("--variants", default=None, metavar="A,B,...",
-                        help="restrict the model-based figures to these trained variants (default: all they use)")
-    parser.add_argument("--list", action="store_true", help="list the notebooks and the runs they need, then exit")
+                        help="restrict the model-based figures to these cells of the study (default: all they use)")
+    parser.add_argument("--list", action="store_true", help="list the notebooks and the cells they need, then exit")
+
+
+def _needed_cells(study: dict, notebooks, wanted) -> list[str]:
+    from pathlab.study import figure_cells
+
+    names = []
+    for p in notebooks:
+        for figure in notebook_meta(p)["figures"]:
+            if figure in study["figures"]:
+                names += figure_cells(study, figure, wanted)
+    return list(dict.fromkeys(names))
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlab import study as studies
+
     root = find_project_root()
     nb_dir = Path(args.notebooks) if Path(args.notebooks).is_absolute() else root / args.notebooks
     if not nb_dir.is_dir():
         print(f"pathlab figures: no notebook folder at {nb_dir}; run from the repository root or pass --notebooks",
               file=sys.stderr)
+        return 2
+    try:
+        study = studies.load_study(args.profile, fast=args.fast)
+    except ValueError as err:
+        print(f"pathlab figures: --profile: {err}", file=sys.stderr)
         return 2
     notebooks = list_notebooks(nb_dir)
     if args.only:
@@ -167,74 +236,68 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         notebooks = [known[n.removesuffix(".ipynb")] for n in args.only]
-    if args.list:
-        for p in notebooks:
-            variants = notebook_variants(p)
-            print(f"{p.stem:<24} {'needs runs: ' + ', '.join(variants) if variants else 'synthetic'}")
-        return 0
-
     wanted = None
     if args.variants:
-        from pathlab.probes.runs import VARIANTS
-
         wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-        unknown = [v for v in wanted if v not in VARIANTS]
+        unknown = [v for v in wanted if v not in study["cells"]]
         if unknown:
-            print(f"pathlab figures: unknown variants {unknown}; known: {', '.join(VARIANTS)}", file=sys.stderr)
+            print(f"pathlab figures: unknown cells {unknown}; the study {study['name']!r} has "
+                  f"{', '.join(study['cells'])}", file=sys.stderr)
             return 2
+    if args.list:
+        for p in notebooks:
+            cells = _needed_cells(study, [p], wanted)
+            print(f"{p.stem:<24} {'needs cells: ' + ', '.join(cells) if cells else 'synthetic'}")
+        return 0
 
     out_dir = Path(args.out_dir or default_out_dir(args.profile, args.fast))
     out_dir = out_dir if out_dir.is_absolute() else root / out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
     build_dir = Path(args.build_dir) if Path(args.build_dir).is_absolute() else root / args.build_dir
-    build_dir = build_dir / (args.profile + ("-fast" if args.fast else ""))
-    print(f"pathlab figures: {len(notebooks)} notebook(s), profile {args.profile}{' (fast)' if args.fast else ''}, "
-          f"figures -> {out_dir}, executed notebooks -> {build_dir}")
-
-    needed = sorted({v for p in notebooks for v in notebook_variants(p)})
-    if needed:
-        from pathlab.probes import runs
-
-        if args.fast:
-            needed = [v for v in needed if v in runs.FAST_VARIANTS]
-        if args.variants:
-            needed = [v for v in needed if v in wanted]
-
-        try:
-            runs.ensure_runs(args.profile, needed, fast=args.fast, progress=True)
-        except (FileNotFoundError, ValueError, RuntimeError) as err:
-            print(f"pathlab figures: trained runs are missing or unusable:\n{err}\n"
-                  "The notebooks that need them will fail; the others still run.", file=sys.stderr)
-
-    previous = os.environ.get("PATHLAB_NO_PROGRESS")
-    os.environ["PATHLAB_NO_PROGRESS"] = "1"  # the kernels inherit it: no progress bars inside executed notebooks
-    try:
-        rows = _run_all(notebooks, args, out_dir, build_dir, root)
-    finally:
-        if previous is None:
-            os.environ.pop("PATHLAB_NO_PROGRESS", None)
+    build_dir = build_dir / study["name"]
+    staging_root = root / "build" / "figures-staging" / study["name"]
+    print(f"pathlab figures: {len(notebooks)} notebook(s), profile {study['name']}, figures -> {out_dir}, "
+          f"executed notebooks -> {build_dir}")
+    needed = _needed_cells(study, notebooks, wanted)
+    if needed and studies.runs_here(study):
+        statuses = studies.run_study(study, studies.missing_cells(study, needed), progress=True)
+        failed = [c for c, s in statuses.items() if s != "done"]
+        if failed:
+            print(f"pathlab figures: cells {', '.join(failed)} did not finish; the notebooks that need them will "
+                  "fail", file=sys.stderr)
+    elif needed:
+        missing = studies.missing_cells(study, needed)
+        if missing:
+            print(f"pathlab figures: study {study['name']} has no results yet for {', '.join(missing)} "
+                  f"(`pathlab study run {args.profile} --cells {','.join(missing)}` on a GPU machine); the figures "
+                  "show the cells that have them", file=sys.stderr)
+    rows = []
+    for n, path in enumerate(notebooks, 1):
+        print(f"[{n}/{len(notebooks)}] {path.stem} ...", flush=True)
+        start = time.time()
+        staging = staging_root / path.stem
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        params = {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(staging)}
+        if args.variants and notebook_meta(path)["figures"]:
+            params["variants"] = args.variants
+        ok, error = run_notebook(path, build_dir / path.name, params, root)
+        results = []
+        if ok:
+            results, absent = collect_outputs(staging, notebook_meta(path)["outputs"])
+            if absent:
+                ok, error = False, f"the notebook did not write its declared outputs {absent}"
+        if ok:
+            publish(staging, out_dir)
         else:
-            os.environ["PATHLAB_NO_PROGRESS"] = previous
+            shutil.rmtree(staging, ignore_errors=True)
+        seconds = time.time() - start
+        rows.append({"name": path.stem, "status": "ok" if ok else "FAILED", "seconds": seconds, "error": error,
+                     "results": results})
+        print(f"[{n}/{len(notebooks)}] {path.stem}: {'ok' if ok else 'FAILED'} ({seconds:.1f} s)"
+              + ("" if ok else f"\n    {error[:500]}\n    executed copy: {build_dir / path.name}"), flush=True)
     _print_summary(rows)
     failed = [r["name"] for r in rows if r["status"] != "ok"]
     if failed:
         print(f"\n{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _run_all(notebooks, args, out_dir, build_dir, root) -> list[dict]:
-    rows = []
-    for n, path in enumerate(notebooks, 1):
-        print(f"[{n}/{len(notebooks)}] {path.stem} ...", flush=True)
-        start = time.time()
-        params = {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(out_dir)}
-        if args.variants and notebook_variants(path):
-            params["variants"] = args.variants
-        ok, error = run_notebook(path, build_dir / path.name, params, root)
-        seconds = time.time() - start
-        rows.append({"name": path.stem, "status": "ok" if ok else "FAILED", "seconds": seconds, "error": error,
-                     "results": collect_results(out_dir, start) if ok else []})
-        print(f"[{n}/{len(notebooks)}] {path.stem}: {'ok' if ok else 'FAILED'} ({seconds:.1f} s)"
-              + ("" if ok else f"\n    {error[:500]}\n    executed copy: {build_dir / path.name}"), flush=True)
-    return rows

@@ -120,7 +120,7 @@ def plot_kernels(data):
                              if a["method"] == m and (a["H"], a["D"]) == (H, D))
             if anchors:
                 ax.plot(*zip(*anchors), "x", ms=7, color=colour, label=f"{m} (reference anchor)")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length T (B·T = 32,768)", ylabel="fwd+bwd ms (bf16)",
+        ax.set(xscale="log", yscale="log", xlabel="sequence length T (batch B = max(1, 32,768 / T))", ylabel="fwd+bwd ms (bf16)",
                title=f"H×D = {H}×{D}")
     handles, labels = axes[0][0].get_legend_handles_labels()
     for ax in axes[0][1:]:

@@ -164,162 +164,318 @@ def plot_incoherence(data):
 LENGTH_STYLES = ["-", "--", ":", "-.", (0, (1, 1)), (0, (5, 1))]
 
 
-def plot_learned(data):
-    """M2: learned windows W_{h,b} (histogram), per-block γ, and ρ_s(n) at every evaluation length."""
+def _note(fig, note):
+    """The figure's line about the models it shows (study, toy scale, cells not yet run)."""
+    if note:
+        fig.suptitle(note, fontsize=7, color="0.35")
+
+
+def _legend_below(ax, ncol=3):
+    """A legend under the axes, so that it never covers data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=6, frameon=False)
+
+
+def _plain_axes(ax):
+    """No offset or scientific notation on linear axes: small differences must not look like large ones."""
+    for axis in (ax.xaxis, ax.yaxis):
+        fmt = axis.get_major_formatter()
+        if hasattr(fmt, "set_useOffset"):
+            fmt.set_useOffset(False)
+
+
+def _positive(x):
+    """Values for a log axis: non-positive values become NaN (a gap), never a cliff to the axis floor."""
+    a = _arr(x).astype(float)
+    return np.where(a > 0, a, np.nan)
+
+
+def _length_label(L) -> str:
+    L = int(L)
+    return f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def plot_learned(data, note=""):
+    """M2: learned windows W_{h,b} (histogram) and per-block γ of the cells with step angles (panels left out when
+    none has them), and ρ_s(n) at the first and the longest length."""
     plt = setup()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    ax = axes[0]
-    for i, (v, r) in enumerate(data["variants"].items()):
-        if "W_emp" not in r:
-            continue
-        w = _arr(r["W_emp"]).ravel()
-        finite = w[np.isfinite(w)]
-        if finite.size:
-            ax.hist(finite, bins=np.geomspace(1, max(finite.max(), 2) * 1.1, 25), histtype="step", color=f"C{i}",
-                    label=f"{v}: {np.mean(np.isfinite(w)):.0%} of blocks mix")
-        gamma = _arr(r["gamma"])
-        axes[1].plot(np.median(gamma.reshape(-1, gamma.shape[-1]), axis=0), "o-", ms=3, color=f"C{i}", label=v)
-    ax.set(xscale="log", xlabel=f"mixing window W(ε={data['eps']}) of a block", ylabel="blocks (layers × heads)",
-           title="M2: learned mixing windows (training length)")
-    ax.legend(fontsize=6)
-    axes[1].set(xlabel="block b", ylabel="γ_b = |mean exp(iθ)| (median over layers, heads)", ylim=(0, 1.05),
-                title="per-block spectral gap")
-    axes[1].legend(fontsize=6)
-    ax = axes[2]
-    for i, (v, r) in enumerate(data["variants"].items()):
-        for j, (L, c) in enumerate(sorted(r.get("rho_s", {}).items(), key=lambda t: int(t[0]))):
-            ax.plot(np.maximum(_arr(c["n"]), 0.5), _arr(c["rho_s"]), color=f"C{i}",
-                    ls=LENGTH_STYLES[j % len(LENGTH_STYLES)], label=f"{v}, L={L}")
+    with_angles = [(i, c, r) for i, (c, r) in enumerate(data["cells"].items()) if "W_emp" in r]
+    n_panels = 3 if with_angles else 1
+    fig, axes = plt.subplots(1, n_panels, figsize=(4.2 * n_panels + 0.5, 4.0), squeeze=False)
+    axes = axes[0]
+    if with_angles:
+        ax = axes[0]
+        for i, c, r in with_angles:
+            w = _arr(r["W_emp"]).ravel()
+            finite = w[np.isfinite(w)]
+            if finite.size:
+                ax.hist(finite, bins=np.geomspace(1, max(finite.max(), 2) * 1.1, 25), histtype="step",
+                        color=f"C{i}", label=f"{c}: {np.mean(np.isfinite(w)):.0%} of blocks mix")
+            gamma = _arr(r["gamma"])
+            axes[1].plot(np.median(gamma.reshape(-1, gamma.shape[-1]), axis=0), "o-", ms=3, color=f"C{i}", label=c)
+        ax.set(xscale="log", xlabel=f"mixing window W(ε={data.get('eps', 0.05)}) of a block",
+               ylabel="blocks (layers × heads)", title="M2: learned mixing windows")
+        axes[1].set(xlabel="block b", ylabel="γ_b = |mean exp(iθ)| (median over layers, heads)", ylim=(0, 1.05),
+                    title="per-block spectral gap")
+        _legend_below(ax, 1)
+        _legend_below(axes[1], 2)
+    ax = axes[-1]
+    for i, (c, r) in enumerate(data["cells"].items()):
+        Ls = sorted(r.get("rho_s", {}), key=int)
+        for j, L in enumerate(Ls[:1] + Ls[-1:] if len(Ls) > 1 else Ls):
+            cur = r["rho_s"][L]
+            ax.plot(np.maximum(_arr(cur["n"]), 0.5), _arr(cur["rho_s"]), color=f"C{i}", ls=LENGTH_STYLES[j],
+                    label=f"{c}, L={_length_label(L)}")
     ax.axhline(0, color="k", lw=0.5)
     ax.set(xscale="log", xlabel="distance n = i − j", ylabel="ρ_s(n) = E[s s⁰] / E[s⁰²]",
-           title="score-weighted decorrelation")
-    ax.legend(fontsize=6, ncol=2)
+           title="score-weighted decorrelation (solid: training length)")
+    _plain_axes(ax)
+    _legend_below(ax, 2)
+    _note(fig, note)
     return fig
 
 
-def plot_scores_model(data):
-    """M3 on trained models: μ(n) ± σ(n) and log m(n) of the first layer, one panel per variant, all lengths."""
+
+def plot_windows(data, note=""):
+    """M2 near sets: ρ_s at the training length against ρ̂_s from the step angles, and the width W_h of every
+    (layer, head) (crosses: heads without a window, given the training length)."""
     plt = setup()
-    variants = list(data["variants"])
-    fig, axes = plt.subplots(2, len(variants), figsize=(3.2 * len(variants), 5.4), squeeze=False)
-    for c, v in enumerate(variants):
-        for j, (L, r) in enumerate(sorted(data["variants"][v].items(), key=lambda t: int(t[0]))):
-            n = np.maximum(_arr(r["n"]), 0.5)
-            mu, sd = _arr(r["mean_layer0"]), _arr(r["std_layer0"])
-            ls = LENGTH_STYLES[j % len(LENGTH_STYLES)]
-            axes[0, c].plot(n, mu, color=f"C{j}", ls=ls, label=f"L={L}")
-            axes[0, c].fill_between(n, mu - sd, mu + sd, color=f"C{j}", alpha=0.12)
-            axes[1, c].plot(n, _arr(r["log_mean_exp_layer0"]), color=f"C{j}", ls=ls, label=f"L={L}")
-            if j == 0:
-                for ax in axes[:, c]:
-                    ax.axvline(r["W"][0], color="grey", lw=0.7, ls=":")
-        axes[0, c].set(xscale="log", title=v, xlabel="distance n")
-        axes[1, c].set(xscale="log", xlabel="distance n")
-    axes[0, 0].set_ylabel("μ(n) ± σ(n), layer 0 (median head)")
-    axes[1, 0].set_ylabel("log m(n) = log E exp(s)")
-    axes[0, 0].legend(fontsize=6)
-    fig.suptitle("M3: score statistics against distance (dotted: near-set width W)", fontsize=9)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.0))
+    cells = list(data["cells"])
+    for i, c in enumerate(cells):
+        r = data["cells"][c]
+        Ls = sorted(r.get("rho_s", {}), key=int)
+        if Ls:
+            cur = r["rho_s"][Ls[0]]
+            ax.plot(np.maximum(_arr(cur["n"]), 0.5), _arr(cur["rho_s"]), color=f"C{i}", label=f"{c}: measured")
+        if "rho_s_pred" in r:
+            ax.plot(_arr(r["m2_lags"]), _arr(r["rho_s_pred"]), "--", color=f"C{i}", label=f"{c}: from the angles")
+        W = _arr(r["W_heads"]).ravel()
+        fell = np.asarray(r["source"]).ravel() == "fallback"
+        x = i + np.linspace(-0.3, 0.3, W.size)
+        ax2.scatter(x[~fell], W[~fell], s=10, color=f"C{i}")
+        ax2.scatter(x[fell], W[fell], s=14, marker="x", color=f"C{i}")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xscale="log", xlabel="distance n = i − j", ylabel="ρ_s(n), median head",
+           title="ρ_s at the training length vs ρ̂_s from the angles")
+    _plain_axes(ax)
+    _legend_below(ax, 2)
+    ax2.set(yscale="log", xticks=range(len(cells)), ylabel="near-set width W_h",
+            title="per (layer, head) widths (×: no window, training length used)")
+    ax2.set_xticklabels(cells, rotation=30, ha="right", fontsize=6)
+    _note(fig, note)
     return fig
 
 
-def plot_far_mass_model(data):
-    """M4 on trained models: far mass against L (solid, mean over layers) and the prediction from Γ̂ (dashed)."""
+def plot_scores_model(data, note=""):
+    """M3: μ(n) ± σ(n) and log m(n) of the first layer (median head) at the first and the longest length."""
     plt = setup()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for i, (v, r) in enumerate(data["variants"].items()):
-        L = r["lengths"]
-        ax.plot(L, np.mean(_arr(r["measured"]), axis=1), "o-", ms=3, color=f"C{i}", label=v)
-        ax.plot(L, np.mean(_arr(r["predicted"]), axis=1), "--", color=f"C{i}", lw=0.9)
-    ax.set(xscale="log", xlabel="evaluation length L", ylabel="far mass ρ_D (median head, mean layer)",
-           ylim=(-0.02, 1.02), title="M4: far mass vs length (dashed: predicted from training-length Γ̂)")
-    length_axis(ax, [L for r in data["variants"].values() for L in r["lengths"]])
-    ax.legend(fontsize=6)
-    return fig
-
-
-def plot_bound_model(data):
-    """M5 on trained models: measured ρ_D against the bound for every sampled query; all points above y = x."""
-    plt = setup()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (v, rows) in enumerate(data["variants"].items()):
-        Lmax = max(rows, key=int)
-        r = rows[Lmax]
-        ax.scatter(_arr(r["bound"]), _arr(r["far_mass"]), s=4, alpha=0.5, color=f"C{i}", label=f"{v} (L={Lmax})")
+    cells = list(data["cells"])
+    fig, axes = plt.subplots(2, len(cells), figsize=(3.1 * len(cells) + 0.6, 5.6), squeeze=False)
+    for col, c in enumerate(cells):
+        rows = {L: r for L, r in data["cells"][c].items() if L.isdigit()}
         Ls = sorted(rows, key=int)
-        ax2.plot([int(L) for L in Ls], [rows[L]["lam_median"] for L in Ls], "o-", ms=3, color=f"C{i}", label=v)
+        for j, L in enumerate(Ls[:1] + Ls[-1:] if len(Ls) > 1 else Ls):
+            r = rows[L]
+            n = np.maximum(_arr(r["n"]), 0.5)
+            mu, sd = _arr(r["mean_first"]), _arr(r["std_first"])
+            axes[0, col].plot(n, mu, color=f"C{j}", ls=LENGTH_STYLES[j], label=f"L={_length_label(L)}")
+            axes[0, col].fill_between(n, mu - sd, mu + sd, color=f"C{j}", alpha=0.12)
+            axes[1, col].plot(n, _arr(r["log_mean_exp_first"]), color=f"C{j}", ls=LENGTH_STYLES[j],
+                              label=f"L={_length_label(L)}")
+        if Ls:
+            for ax in axes[:, col]:
+                ax.axvline(rows[Ls[0]]["W"], color="grey", lw=0.7, ls=":")
+                ax.axvline(int(Ls[0]), color="k", lw=0.7, ls="--")
+                _plain_axes(ax)
+        axes[0, col].set(xscale="log", title=c, xlabel="distance n")
+        axes[1, col].set(xscale="log", xlabel="distance n")
+        axes[0, col].legend(fontsize=6, loc="best")
+    axes[0, 0].set_ylabel("μ(n) ± σ(n), first layer (median head)")
+    axes[1, 0].set_ylabel("log m(n) = log E exp(s)")
+    _note(fig, (note + "; " if note else "") + "dotted: near-set width W, dashed: training length")
+    return fig
+
+
+def plot_far_mass_model(by_width: dict, note=""):
+    """M4: far mass against L (solid, mean over layers of the median head) and the prediction from the
+    training-length Γ̂ (dashed, where some head is predictable), one panel per near-set width."""
+    plt = setup()
+    fig, axes = plt.subplots(1, len(by_width), figsize=(5.2 * len(by_width), 4.2), squeeze=False)
+    for ax, (label, data) in zip(axes[0], by_width.items()):
+        for i, (c, r) in enumerate(data["cells"].items()):
+            L = r["lengths"]
+            ax.plot(L, np.mean(_arr(r["measured"]), axis=1), "o-", ms=3, color=f"C{i}",
+                    label=f"{c} ({r['predictable_fraction']:.0%} predictable)")
+            pred = _arr(r["predicted"])
+            if np.isfinite(pred).any():
+                with np.errstate(all="ignore"):
+                    ax.plot(L, np.nanmean(np.where(np.isfinite(pred), pred, np.nan), axis=1), "--", color=f"C{i}",
+                            lw=0.9)
+        ax.set(xscale="log", xlabel="evaluation length L", ylabel="far mass ρ_D (median head, mean layer)",
+               ylim=(-0.02, 1.02), title=f"M4, near set W = {label} (dashed: predicted from the training length)")
+        length_axis(ax, [L for r in data["cells"].values() for L in r["lengths"]])
+        _legend_below(ax, 2)
+    _note(fig, note)
+    return fig
+
+
+def plot_bound_model(data, note=""):
+    """M5: measured ρ_D against the bound for sampled queries at the longest length (all above y = x), and the
+    median λ against L."""
+    plt = setup()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    for i, (c, r) in enumerate(data["cells"].items()):
+        rows = r["lengths"]
+        Ls = sorted(rows, key=int)
+        last = rows[Ls[-1]]
+        if "bound" in last:
+            ax.scatter(_arr(last["bound"]), _arr(last["far_mass"]), s=4, alpha=0.5, color=f"C{i}", label=c)
+        ax2.plot([int(L) for L in Ls], [rows[L]["lam_median"] for L in Ls], "o-", ms=3, color=f"C{i}", label=c)
     ax.plot([0, 1], [0, 1], "k--", lw=0.8)
     ax.set(xlabel="bound M_L / (M_L + K·exp(2λ))", ylabel="measured far mass ρ_D", xlim=(-0.02, 1.02),
-           ylim=(-0.02, 1.02), title="M5: every query lies above the diagonal")
-    ax.legend(fontsize=6, markerscale=3)
+           ylim=(-0.02, 1.02), title=f"M5: {data['violations']} of {data['checked']} queries below the bound")
+    _legend_below(ax, 3)
     ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median λ = max_j |s_ij|",
-            title="bounded logits (rotations) vs unbounded (ALiBi, FoX gates)")
-    length_axis(ax2, [int(L) for rows in data["variants"].values() for L in rows], log_y=True)
-    ax2.legend(fontsize=6)
+            title="bounded logits (rotations) vs unbounded (ALiBi, gates)")
+    length_axis(ax2, [int(L) for r in data["cells"].values() for L in r["lengths"]], log_y=True)
+    _legend_below(ax2, 3)
+    _note(fig, note)
     return fig
 
 
-def plot_coherence_model(data):
-    """M6 on trained models: κ against 1/√M_eff per query (Q/K/V), κ = 1 for Q/K; ‖o_F‖/‖o_N‖ against L."""
+def plot_coherence_model(data, note=""):
+    """M6: κ against the incoherent prediction √(1 + 2W)/√M_eff per sampled query (longest length), and
+    ‖o_F‖/‖o_N‖ against L."""
     plt = setup()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for i, (v, r) in enumerate(data["variants"].items()):
-        if "kappa" in r:
-            ax.scatter(_arr(r["inv_sqrt_meff"]), _arr(r["kappa"]), s=5, alpha=0.5, color=f"C{i}", label=v)
-        ax2.plot(r["lengths"], _arr(r["far_near_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
-    x = np.geomspace(1e-3, 1, 10)
-    ax.plot(x, x, "k--", lw=0.8, label="κ = 1/√M_eff")
-    ax.set(xscale="log", yscale="log", xlabel="1/√M_eff", ylabel="coherence ratio κ",
-           title="M6: far background, Q/K vs Q/K/V (largest L)")
-    ax.legend(fontsize=6, markerscale=3)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    lo, hi = 1.0, 1.0
+    for i, (c, r) in enumerate(data["cells"].items()):
+        pred, kappa = _positive(r.get("predicted", [])), _positive(r.get("kappa", []))
+        if np.isfinite(pred).any() and np.isfinite(kappa).any():
+            ax.scatter(pred, kappa, s=5, alpha=0.5, color=f"C{i}", label=c)
+            lo = min(lo, np.nanmin(pred), np.nanmin(kappa))
+            hi = max(hi, np.nanmax(pred), np.nanmax(kappa))
+        ax2.plot(r["lengths"], _positive(r["far_near_ratio"]), "o-", ms=3, color=f"C{i}", label=c)
+    x = np.geomspace(lo, hi, 10)
+    ax.plot(x, x, "k--", lw=0.8, label="κ = √(1+2W)/√M_eff")
+    ax.axhline(1, color="grey", lw=0.6, ls=":")
+    ax.set(xscale="log", yscale="log", xlabel="√(1 + 2W) / √M_eff (incoherent far background)",
+           ylabel="coherence ratio κ", title="M6: Q/K keeps κ = 1, Q/K/V combines incoherently")
+    _legend_below(ax, 2)
     ax2.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="median ‖o_F‖ / ‖o_N‖",
             title="far-to-near output norm")
-    length_axis(ax2, [L for r in data["variants"].values() for L in r["lengths"]], log_y=True)
-    ax2.legend(fontsize=6)
+    length_axis(ax2, [L for r in data["cells"].values() for L in r["lengths"]], log_y=True)
+    _legend_below(ax2, 2)
+    _note(fig, note)
     return fig
 
 
-def plot_extrapolation(data):
-    """M7: perplexity ratio r(L) against L / L_train (published ratios as crosses), and per-position loss."""
+def plot_extrapolation(data, note=""):
+    """M7: r(L) against L with 95% bootstrap bands, the per-position loss at the longest L (long context against
+    the context cut at the training length), and the published ratios in a table of their own."""
     plt = setup()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 3.8))
-    names = list(data["variants"])
-    for i, v in enumerate(names):
-        r = data["variants"][v]
-        mult = np.asarray(r["lengths"]) / r["train_length"]
-        ax.plot(mult, _arr(r["ppl_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
-        if "position" in r:
-            ax2.plot(_arr(r["position"]), _arr(r["position_loss"]), color=f"C{i}", label=v)
-            ax2.axvline(r["train_length"], color="grey", ls=":", lw=0.8)
-    for p in data["published"]:
-        color = f"C{names.index(p['model'])}" if p["model"] in names else "k"
-        ax.plot(p["length_multiple"], p["ratio"], "x", ms=8, mew=1.5, color=color)
-    ax.plot([], [], "kx", label="published (paper, ×L_train)")
-    ax.set(xscale="log", yscale="log", xlabel="L / L_train", ylabel="PPL(L) / PPL(L_train)",
-           title="M7: length extrapolation")
-    ax.legend(fontsize=6)
-    ax2.set(xscale="log", xlabel="position t (dotted: training length)", ylabel="loss(t), bucket mean",
-            title="per-position loss at the longest L")
-    ax2.legend(fontsize=6)
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.2, 1.2, 0.8]})
+    for i, (c, r) in enumerate(data["cells"].items()):
+        L = np.asarray(r["lengths"])
+        ax.plot(L, _positive(r["ratio"]), "o-", ms=3, color=f"C{i}", label=c)
+        ax.fill_between(L, _positive(r["ratio_lo"]), _positive(r["ratio_hi"]), color=f"C{i}", alpha=0.15)
+        pos = np.maximum(_arr(r["position"]), 0.5)
+        ax2.plot(pos, _arr(r["position_loss"]), color=f"C{i}", label=c)
+        ax2.plot(pos, _arr(r["position_loss_train_context"]), color=f"C{i}", lw=0.6, ls=":")
+    ax.axhline(1, color="k", lw=0.5)
+    ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="r(L) = PPL(L) / PPL_train(L)",
+           title="M7: perplexity ratio on the same tokens (bands: 95%)")
+    if data["cells"]:
+        length_axis(ax, [L for r in data["cells"].values() for L in r["lengths"]], log_y=True)
+        ax2.axvline(next(iter(data["cells"].values()))["train_length"], color="grey", ls="--", lw=0.8)
+    _legend_below(ax, 3)
+    ax2.set(xscale="log", xlabel="position t (dashed: training length)", ylabel="loss(t), bucket mean",
+            title="per-position loss at the longest L (dotted: context cut at L_train)")
+    _plain_axes(ax2)
+    ax3.axis("off")
+    rows = [[p["model"][:28], _length_label(p["L"]), f"{p['ratio']}×"] for p in data["published"]]
+    table = ax3.table(cellText=rows, colLabels=["published (L_train 512)", "L", "r(L)"], loc="center",
+                      cellLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(6)
+    table.scale(1, 1.3)
+    _note(fig, note)
     return fig
 
 
-def plot_ablations(data):
-    """M8: (a) dispersion sweep, (b) PaTH vs PaTH-FoX, (c) NTK-scaled RoPE."""
+def plot_window_sweep(data, note=""):
+    """The theory's test: r at the evaluation lengths and the in-distribution loss against the mixing window W
+    of the rotations (RoPE plotted at W = ∞, right edge), Q/K/V and Q/K, with the training length marked."""
     plt = setup()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    sweep = data.get("dispersion_sweep", [])
-    if sweep:
-        axes[0].plot([s["tau"] for s in sweep], [s["ppl_ratio_max_L"] for s in sweep], "o-")
-        for s in sweep:
-            axes[0].annotate(s["variant"], (s["tau"], s["ppl_ratio_max_L"]), fontsize=6)
-    axes[0].set(xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)",
-                ylabel="r at the longest L", title="(a) more dispersion, more mixing")
-    for key, ax, title in (("far_mass_control", axes[1], "(b) far-mass control: PaTH vs PaTH-FoX"),
-                           ("ntk", axes[2], "(c) NTK-scaled RoPE")):
-        for i, (v, r) in enumerate(data.get(key, {}).items()):
-            ax.plot(r["lengths"], _arr(r["ppl_ratio"]), "o-", ms=3, color=f"C{i}", label=v)
-        ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="PPL(L) / PPL(L_train)", title=title)
-        if data.get(key):
-            length_axis(ax, [L for r in data[key].values() for L in r["lengths"]], log_y=True)
-        ax.legend(fontsize=6)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    L_train = data.get("train_length")
+    finite = sorted({p["W"] for pts in data["groups"].values() for p in pts if math.isfinite(p["W"])})
+    inf_x = finite[-1] * 4 if finite else 1.0
+    markers = {"qkv": "o", "qk": "s"}
+    drawn = False
+    for gi, (g, pts) in enumerate(data["groups"].items()):
+        for j, L in enumerate(data["lengths"]):
+            have = [p for p in pts if p.get(f"r{L}") is not None]
+            if not have:
+                continue
+            drawn = True
+            xs = [p["W"] if math.isfinite(p["W"]) else inf_x for p in have]
+            ys = np.array([p[f"r{L}"] for p in have])
+            ci = np.array([p[f"r{L}_ci"] for p in have], dtype=float)
+            ax.errorbar(xs, ys, yerr=np.abs(ci.T - ys), fmt=markers[g], ls=LENGTH_STYLES[j], ms=4, capsize=2,
+                        color=f"C{gi}", label=f"{g.upper()}, r({_length_label(L)})")
+        if pts:
+            xs = [p["W"] if math.isfinite(p["W"]) else inf_x for p in pts]
+            ax2.plot(xs, [p["loss_train_length"] for p in pts], markers[g] + "-", ms=4, color=f"C{gi}",
+                     label=g.upper())
+    for a in (ax, ax2):
+        if L_train:
+            a.axvline(L_train, color="k", ls="--", lw=0.8)
+        a.set_xscale("log")
+        a.set_xticks(finite + [inf_x], [str(int(t)) for t in finite] + ["∞ (RoPE)"])
+        a.minorticks_off()
+    if not drawn:
+        ax.text(0.5, 0.5, "no sweep cell has results yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set(yscale="log", xlabel="mixing window W (dashed: training length)", ylabel="r(L) = PPL(L) / PPL_train(L)",
+           title="extrapolation against the mixing window")
+    if drawn:
+        _legend_below(ax, 2)
+    ax2.set(xlabel="mixing window W", ylabel="loss at the training length", title="in-distribution cost")
+    _plain_axes(ax2)
+    if any(data["groups"].values()):
+        _legend_below(ax2, 2)
+    _note(fig, note)
+    return fig
+
+
+def plot_ablations(data, note=""):
+    """M8: (a) the dispersion sweep, (b) far-mass control (forget gates), (c) NTK-scaled RoPE: one panel for each
+    ablation whose cells have results."""
+    plt = setup()
+    panels = [("dispersion_sweep", "(a) more dispersion, more mixing"),
+              ("far_mass_control", "(b) far-mass control: forget gates"), ("ntk", "(c) NTK-scaled RoPE")]
+    panels = [p for p in panels if data.get(p[0])]
+    if not panels:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no ablation cell has results yet", ha="center", va="center")
+        _note(fig, note)
+        return fig
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels) + 0.6, 4.0), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        if key == "dispersion_sweep":
+            sweep = data[key]
+            ax.plot([s["tau"] for s in sweep], [s["ratio_longest"] for s in sweep], "o-")
+            for s in sweep:
+                ax.annotate(s["cell"], (s["tau"], s["ratio_longest"]), fontsize=6)
+            ax.set(xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)", ylabel="r at the longest L",
+                   title=title)
+            _plain_axes(ax)
+            continue
+        for i, (c, r) in enumerate(data[key].items()):
+            ax.plot(r["lengths"], _positive(r["ratio"]), "o-", ms=3, color=f"C{i}", label=c)
+        ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="r(L)", title=title)
+        length_axis(ax, [L for r in data[key].values() for L in r["lengths"]], log_y=True)
+        _legend_below(ax, 2)
+    _note(fig, note)
     return fig

@@ -9,7 +9,7 @@ Each file is first written to a temporary file in the destination folder and the
 ``os.replace`` (atomic on POSIX and Windows), so a notebook that fails half-way never leaves a truncated figure or
 JSON behind: either the previous file or the complete new one is there.
 
-The JSON sidecar ``<stem>.json`` has the fields ``name, claims, data, parameters, versions, git_revision`` and a
+The JSON sidecar ``<stem>.json`` has the fields ``name, claims, checks, data, parameters, versions, git_revision`` and a
 ``format`` version; :func:`read_results` refuses a file written in another format with a message naming the fix.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from pathlab.atomic import atomic_write_bytes, atomic_write_text  # noqa: F401  (part of this module's API)
 
-RESULTS_FORMAT = 1  # bump when the JSON layout changes; read_results checks it
+RESULTS_FORMAT = 2  # bump when the JSON layout changes; read_results checks it
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -115,40 +115,60 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+CODE_PATHS = ("pathlab", "kernels", "notebooks", "configs")  # what makes a result; figures/ and results/ do not
+
+
 def git_revision(path: str | os.PathLike | None = None) -> str | None:
     """``git rev-parse HEAD`` of the repository holding ``path`` (this package by default), with ``-dirty`` when
-    tracked files were modified; ``None`` outside a git checkout."""
+    tracked code that makes results (:data:`CODE_PATHS`) was modified; ``None`` outside a git checkout.
+
+    Regenerated figures and result files are tracked too, so counting them would mark every regeneration dirty.
+    """
     cwd = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if rev.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+                               cwd=top or cwd, capture_output=True, text=True, timeout=10)
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def write_results(stem: str, *, data: Mapping, claims: Mapping[str, bool] | None = None,
-                  parameters: Mapping | None = None, out_dir: str | os.PathLike = "figures",
-                  name: str | None = None) -> Path:
-    """Write ``<out_dir>/<stem>.json`` = {name, claims, data, parameters, versions, git_revision, format}.
+def _check_flags(flags: Mapping, what: str, allow_none: bool) -> dict:
+    out = {}
+    for key, value in dict(flags or {}).items():
+        if value is None and allow_none:
+            out[str(key)] = None
+        elif type(value).__name__ in ("bool", "bool_"):
+            out[str(key)] = bool(value)
+        else:
+            kind = "a bool or None (undefined)" if allow_none else "a bool"
+            raise ValueError(f"{what}[{key!r}] must be {kind}, got {value!r}")
+    return out
 
-    ``claims`` maps a claim name to whether it held in this run (``{"bound_holds": True}``); every value must be a
-    bool (numpy bools are accepted). ``data`` holds the plotted numbers.
+
+def write_results(stem: str, *, data: Mapping, claims: Mapping[str, bool | None] | None = None,
+                  checks: Mapping[str, bool] | None = None, parameters: Mapping | None = None,
+                  out_dir: str | os.PathLike = "figures", name: str | None = None) -> Path:
+    """Write ``<out_dir>/<stem>.json`` = {name, claims, checks, data, parameters, versions, git_revision, format}.
+
+    ``claims``: what the figure is evidence for, each True (held), False (did not hold) or None (undefined in
+    this run, e.g. nothing to predict); ``checks``: consistency checks that hold by construction when the code is
+    right (a theorem, an identity), kept apart so that they are never read as evidence. ``data`` holds the plotted
+    numbers.
     """
     stem = _check_stem(stem)
     if not isinstance(data, Mapping):
         raise ValueError(f"data must be a mapping of the plotted numbers, got {type(data).__name__}")
-    claims = dict(claims or {})
-    for key, value in claims.items():
-        if type(value).__name__ not in ("bool", "bool_"):
-            raise ValueError(f"claims[{key!r}] must be a bool (did the claim hold?), got {value!r}")
     record = {
         "name": name or stem,
         "format": RESULTS_FORMAT,
-        "claims": {str(k): bool(v) for k, v in claims.items()},
+        "claims": _check_flags(claims, "claims", allow_none=True),
+        "checks": _check_flags(checks, "checks", allow_none=False),
         "data": to_jsonable(data),
         "parameters": to_jsonable(dict(parameters or {})),
         "versions": library_versions(),

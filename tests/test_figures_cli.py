@@ -1,4 +1,5 @@
-"""`pathlab figures`: argument handling, failing notebooks reported while the others run, parameter checks."""
+"""`pathlab figures`: argument handling, staging (a failing notebook changes nothing), declared outputs, the
+summary table, parameter checks and output folders."""
 
 import argparse
 
@@ -19,20 +20,23 @@ def _args(**kw):
     return ns
 
 
-def _notebook(path, body):
+def _notebook(path, body, outputs=()):
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = new_code_cell('profile = "tiny-cpu"\nfast = False\nout_dir = "figures"')
+    nb.metadata["pathlab"] = {"figures": [], "outputs": list(outputs)}
+    params = new_code_cell('profile = "tiny-cpu"\nfast = False\nout_dir = None')
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, new_code_cell(body)]
     nbformat.write(nb, path)
 
 
+WRITE = ("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfrom pathlab import results\n"
+         "fig, ax = plt.subplots()\n")
+
+
 def test_unknown_profile_is_rejected(capsys):
-    with pytest.raises(SystemExit) as err:
-        main(["figures", "--profile", "huge"])
-    assert err.value.code == 2
-    assert "invalid choice: 'huge'" in capsys.readouterr().err
+    assert main(["figures", "--profile", "huge"]) == 2
+    assert "no study named 'huge'" in capsys.readouterr().err
 
 
 def test_unknown_notebook_names_the_choices(tmp_path, capsys):
@@ -48,25 +52,36 @@ def test_missing_notebook_folder(tmp_path, capsys):
 
 
 @pytest.mark.notebooks
-def test_failing_notebook_is_reported_and_others_run(tmp_path, capsys):
+def test_a_failing_notebook_leaves_nothing_and_the_others_run(tmp_path, capsys):
     nbdir = tmp_path / "nbs"
     nbdir.mkdir()
-    _notebook(nbdir / "a_fails.ipynb",
-              "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfrom pathlab import results\n"
-              "fig, ax = plt.subplots()\nraise RuntimeError('deliberate failure')\n"
-              "results.save_figure(fig, 'a_fails', out_dir)")
-    _notebook(nbdir / "b_works.ipynb",
-              "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nfrom pathlab import results\n"
-              "fig, ax = plt.subplots()\nresults.save_figure(fig, 'b_works', out_dir)\n"
-              "results.write_results('b_works', data={'x': [1]}, claims={'ok': fast}, out_dir=out_dir)")
+    # a figure saved before the error must not reach the figure folder
+    _notebook(nbdir / "a_fails.ipynb", WRITE + "results.save_figure(fig, 'a_fails', out_dir)\n"
+              "raise RuntimeError('deliberate failure')", outputs=["a_fails"])
+    _notebook(nbdir / "b_works.ipynb", WRITE + "results.save_figure(fig, 'b_works', out_dir)\n"
+              "results.write_results('b_works', data={'x': [1]}, claims={'ok': fast, 'open': None},"
+              " checks={'identity': True}, out_dir=out_dir)", outputs=["b_works"])
+    _notebook(nbdir / "c_silent.ipynb", "pass", outputs=["c_silent"])  # declares an output it never writes
     out = tmp_path / "fig"
     code = figures.run(_args(notebooks=str(nbdir), out_dir=str(out), build_dir=str(tmp_path / "build"), fast=True))
     captured = capsys.readouterr()
     assert code == 1
-    assert "deliberate failure" in captured.out and "a_fails" in captured.err
-    assert "b_works: 1/1 held" in captured.out
+    assert "deliberate failure" in captured.out and "a_fails" in captured.err and "c_silent" in captured.err
+    assert "did not write its declared outputs ['c_silent']" in captured.out
+    # each notebook's row shows its own results only
+    assert "b_works: 1/2 claims held; undefined: open; 1/1 checks passed" in captured.out
     assert sorted(p.name for p in out.iterdir()) == ["b_works.json", "b_works.pdf", "b_works.png"]
     assert (tmp_path / "build" / "tiny-cpu-fast" / "a_fails.ipynb").exists()  # executed copy kept for inspection
+
+
+@pytest.mark.notebooks
+def test_no_figure_folder_appears_when_every_notebook_fails(tmp_path):
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    _notebook(nbdir / "bad.ipynb", "raise ValueError('bad parameter')", outputs=["bad"])
+    out = tmp_path / "figures" / "new-profile"
+    assert figures.run(_args(notebooks=str(nbdir), out_dir=str(out), build_dir=str(tmp_path / "b"), fast=True)) == 1
+    assert not out.exists()
 
 
 def test_list_notebooks(tmp_path, capsys):
@@ -75,38 +90,37 @@ def test_list_notebooks(tmp_path, capsys):
     assert "x" in capsys.readouterr().out
 
 
+def test_unknown_cells_are_named(tmp_path, capsys):
+    _notebook(tmp_path / "x.ipynb", "pass")
+    assert figures.run(_args(notebooks=str(tmp_path), variants="rope,bogus")) == 2
+    assert "unknown cells ['bogus']" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kw, name", [({"profile": "big"}, "profile"), ({"fast": "yes"}, "fast"),
                                       ({"out_dir": 3}, "out_dir"), ({"seed": -1}, "seed")])
 def test_check_parameters(kw, name):
-    params = {"profile": "tiny-cpu", "fast": False, "out_dir": "figures", "seed": 0} | kw
+    params = {"profile": "tiny-cpu", "fast": False, "out_dir": None, "seed": 0} | kw
     with pytest.raises(ValueError, match=name):
         figures.check_parameters(**params)
 
 
-def test_default_out_dirs_and_project_path(tmp_path, monkeypatch):
+def test_out_dirs_and_project_path(tmp_path, monkeypatch):
+    assert figures.profiles() == ["owt16-debian", "tiny-cpu"]
     assert figures.default_out_dir("tiny-cpu", False) == "figures"
-    assert figures.default_out_dir("owt16", False) == "figures/owt16"
-    assert figures.default_out_dir("owt16", True) == "build/figures-fast/owt16"
+    assert figures.default_out_dir("owt16-debian", False) == "figures/owt16-debian"
+    assert figures.default_out_dir("owt16-debian", True) == "build/figures-fast/owt16-debian"
+    # a notebook run on its own writes to a build folder, never into figures/
+    assert figures.notebook_out_dir("tiny-cpu", False).parts[-3:] == ("build", "figures", "tiny-cpu")
+    assert figures.notebook_out_dir("tiny-cpu", True).name == "tiny-cpu-fast"
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "pyproject.toml").write_text("")
     monkeypatch.chdir(tmp_path / "notebooks")  # as in JupyterLab
     assert figures.project_path("figures") == tmp_path / "figures"
+    assert figures.notebook_out_dir("x", False, "elsewhere") == tmp_path / "elsewhere"
 
 
-def test_variants_option_and_variants_for(tmp_path, capsys):
-    from pathlab.probes import study
-
-    nb = tmp_path / "m.ipynb"
-    _notebook(nb, "pass")
-    book = nbformat.read(nb, as_version=4)
-    book.metadata["pathlab"] = {"variants": ["rope"]}
-    nbformat.write(book, nb)
-    assert figures.notebook_variants(nb) == ["rope"]
-    assert figures.run(_args(notebooks=str(tmp_path), variants="rope,bogus", out_dir=str(tmp_path / "o"))) == 2
-    assert "unknown variants ['bogus']" in capsys.readouterr().err
-    assert study.variants_for("value_incoherence", False, only="rot_random_qkv") == ["rot_random_qkv"]
-    assert study.variants_for("far_mass", True) == ["rope", "alibi", "rot_random_qk", "rot_random_qkv"]
-    with pytest.raises(ValueError, match="variants"):
-        study.variants_for("far_mass", False, only=["nope?"])
-    with pytest.raises(ValueError, match="unknown figure"):
-        study.variants_for("nothing", False)
+def test_scale_note_marks_toy_models_and_missing_cells():
+    note = figures.scale_note({"study": "tiny-cpu", "toy_scale": True, "missing": ["path"]})
+    assert "pipeline check, not evidence" in note and "not yet run: path" in note
+    assert figures.scale_note({"study": "owt16-debian", "description": "16 layers, one H200", "toy_scale": False,
+                               "missing": []}) == "study owt16-debian (16 layers, one H200)"

@@ -5,6 +5,7 @@ import torch
 
 import pathlab
 from pathlab import ModelConfig, build_model
+from pathlab.testing import train_on_repeated_pattern
 
 VARIANTS = pathlab.available_attention()
 VOCAB = 61
@@ -24,21 +25,7 @@ def test_registry_lists_the_ten_variants():
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_loss_falls_on_a_learnable_sequence(name):
-    model = _model(name)
-    gen = torch.Generator().manual_seed(1)
-    # a repeated random pattern: learnable from context alone
-    pattern = torch.randint(0, VOCAB, (4, 8), generator=gen)
-    data = pattern.repeat(1, 6)
-    idx, targets = data[:, :-1], data[:, 1:]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(12):
-        _, loss = model(idx, targets)
-        opt.zero_grad()
-        loss.backward()
-        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-        opt.step()
-        losses.append(loss.item())
+    losses = train_on_repeated_pattern(_model(name), 12)
     assert losses[-1] < losses[0] - 0.3, losses
 
 

@@ -1,0 +1,44 @@
+"""Committed figures match the committed code that made them: each JSON's recorded revision is clean, and the
+code its figure depends on (its notebook, the probes, the study, the plotting) is the same at that revision as
+at HEAD. A figure made by other code must be regenerated (`pathlab figures`) before it is committed."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ["pathlab/probes", "pathlab/plotting.py", "pathlab/study.py", "pathlab/evaluate.py", "pathlab/results.py",
+        "pathlab/figures.py", "pathlab/kernel_report.py", "pathlab/tasks/report.py"]
+
+
+def _git(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _made_by() -> dict:
+    """figure stem -> the notebook that declares it."""
+    out = {}
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for stem in json.loads(nb.read_text())["metadata"].get("pathlab", {}).get("outputs", []):
+            out[stem] = f"notebooks/{nb.name}"
+    return out
+
+
+FIGURES = sorted(p for p in (ROOT / "figures").rglob("*.json"))
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git history of a checkout")
+@pytest.mark.parametrize("path", FIGURES, ids=[str(p.relative_to(ROOT / "figures")) for p in FIGURES])
+def test_figure_was_made_by_the_committed_code(path):
+    record = json.loads(path.read_text())
+    rev = record.get("git_revision") or ""
+    assert rev and not rev.endswith("-dirty"), f"{path.name}: made from uncommitted code ({rev!r}); regenerate it"
+    assert _git("cat-file", "-e", f"{rev}^{{commit}}").returncode == 0, \
+        f"{path.name}: revision {rev} is not in this repository's history (a shallow clone cannot check it)"
+    notebook = _made_by().get(path.stem)
+    assert notebook, f"{path.name}: no notebook declares this figure in its metadata (pathlab.outputs)"
+    diff = _git("diff", "--stat", rev, "HEAD", "--", notebook, *CODE)
+    assert diff.returncode == 0 and not diff.stdout.strip(), \
+        f"{path.name}: the code that makes it changed since {rev[:10]}:\n{diff.stdout}"

@@ -1,0 +1,130 @@
+"""`pathlab study`: config checks, cell configs, the per-cell pipeline (train, evaluate, probe, record) and resume
+within a time budget, on a synthetic corpus."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from pathlab import study as studies
+from pathlab.checkpoint import load_checkpoint
+from pathlab.probes import records
+
+from test_train import corpus  # noqa: F401  (the module-scoped synthetic corpus fixture)
+
+
+def _study(corpus, tmp_path, **extra):  # noqa: F811
+    return {
+        "name": "unit", "results_dir": str(tmp_path / "results"), "reserve_s": 0,
+        "train_config": {
+            "name": "unit", "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "attention": "rope"},
+            "data": {"corpus": str(corpus), "block_size": 32},
+            "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_iters": 2},
+            "train": {"max_iters": 6, "batch_size": 4, "device": "cpu", "eval_interval": 0, "eval_iters": 1,
+                      "ckpt_interval": 2, "log_interval": 1}},
+        "eval": {"lengths": [32, 64, 128], "n_windows": 3, "seed": 5},
+        "probes": {"lengths": [32, 128], "m2_length": 128, "n_windows": 1, "n_queries": 4, "span": 16,
+                   "near": [4, 8], "m2_windows": 2, "angle_lag": 63},
+        "cells": {"rope": {"attention": "rope"},
+                  "qkv": {"attention": "rot_random_qkv", "overrides": {"train.max_iters": 4}}},
+        "figures": {"far_mass": ["rope", "qkv"]}, **extra}
+
+
+@pytest.fixture()
+def runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATHLAB_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+def test_bad_study_configs_name_the_problem(corpus, tmp_path):  # noqa: F811
+    good = _study(corpus, tmp_path)
+    for change, message in (({"cells": {}}, "non-empty"), ({"cells": {"a": {}}}, "needs at least an 'attention'"),
+                            ({"eval": {"lenghts": [1]}}, "unknown keys"), ({"bogus": 1}, "unknown keys"),
+                            ({"figures": {"far_mass": ["nope"]}}, "unknown cells")):
+        with pytest.raises(ValueError, match=message):
+            studies.load_study({**good, **change})
+    with pytest.raises(ValueError, match="no study named"):
+        studies.load_study("no-such-study")
+    with pytest.raises(ValueError, match="no 'fast' section"):
+        studies.load_study(good, fast=True)
+    with pytest.raises(ValueError, match="unknown cell"):
+        studies.cell_config(studies.load_study(good), "nope")
+
+
+def test_the_shipped_studies_resolve_every_cell():
+    for name in studies.available_studies():
+        s = studies.load_study(name)
+        for cell in s["cells"]:
+            cfg = studies.cell_config(s, cell)
+            assert cfg["model"]["attention"] == s["cells"][cell]["attention"]
+    owt = studies.load_study("owt16-debian")
+    rope = studies.cell_config(owt, "rope")
+    tokens = rope["train"]["max_iters"] * rope["train"]["batch_size"] * rope["data"]["block_size"]
+    assert tokens >= 100e6 and rope["model"]["n_layer"] == 16 and rope["data"]["corpus"] == "debian"
+    fast = studies.load_study("tiny-cpu", fast=True)
+    assert fast["name"] == "tiny-cpu-fast" and fast["results_dir"].endswith("tiny-cpu-fast")
+
+
+def test_a_cell_runs_end_to_end_and_is_skipped_once_done(corpus, tmp_path, runs):  # noqa: F811
+    s = studies.load_study(_study(corpus, tmp_path))
+    assert studies.cell_status(s, "rope") == "missing"
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    out = studies.cell_results_dir(s, "rope")
+    assert sorted(p.name for p in out.iterdir()) == ["cell.json", "eval.csv", "eval.json", "eval_positions.csv",
+                                                    "probes.npz", "train.csv"]
+    cell = json.loads((out / "cell.json").read_text())
+    assert cell["tokens"] == 6 * 4 * 32 and cell["fingerprint"] == studies.cell_fingerprint(s, "rope")
+    ev = json.loads((out / "eval.json").read_text())
+    assert set(ev["lengths"]) == {"32", "64", "128"} and ev["n_windows"] == 3
+    rec = records.load_record(out / "probes.npz")
+    assert rec["lengths"] == [32, 128] and list(rec["width_labels"]) == ["per-head", "4", "8"]
+    assert rec["L128"]["heads"]["far_mass"].shape == (2, 3, 2)
+    lines = (out / "train.csv").read_text().splitlines()
+    assert lines[0].startswith("step,loss") and len(lines) == 1 + 6 + 1  # every iteration, the final val_loss
+    assert studies.cell_status(s, "rope") == "done"
+    before = (out / "cell.json").stat().st_mtime_ns
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    assert (out / "cell.json").stat().st_mtime_ns == before  # skipped
+    loaded = studies.load_cells(s, ["rope", "qkv"])
+    assert list(loaded) == ["rope"] and studies.missing_cells(s, ["rope", "qkv"]) == ["qkv"]
+
+
+def test_changed_config_makes_results_stale(corpus, tmp_path, runs):  # noqa: F811
+    s = studies.load_study(_study(corpus, tmp_path))
+    studies.run_study(s, "qkv", progress=False)
+    changed = studies.load_study({**_study(corpus, tmp_path), "eval": {"lengths": [32, 64], "n_windows": 3}})
+    assert studies.cell_status(changed, "qkv") == "stale"
+    assert studies.run_study(changed, "qkv", progress=False) == {"qkv": "failed"}
+
+
+def test_a_time_budget_pauses_training_and_the_same_call_continues(corpus, tmp_path, runs):  # noqa: F811
+    s = studies.load_study(_study(corpus, tmp_path))
+    s["cells"]["rope"]["overrides"] = {"train.max_iters": 400}
+    t0 = time.monotonic()
+    assert studies.run_study(s, "rope", budget_s=1.0, progress=False) == {"rope": "paused"}
+    assert time.monotonic() - t0 < 30
+    assert studies.cell_status(s, "rope") == "partial"
+    step = int(load_checkpoint(studies.run_dir(s, "rope") / "ckpt.pt")["step"])
+    assert 0 < step < 400
+    s["cells"]["rope"]["overrides"] = {"train.max_iters": 400}
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    assert json.loads((studies.cell_results_dir(s, "rope") / "cell.json").read_text())["iterations"] == 400
+
+
+def test_no_stage_starts_without_the_reserve(corpus, tmp_path, runs):  # noqa: F811
+    s = studies.load_study({**_study(corpus, tmp_path), "reserve_s": 3600})
+    assert studies.run_study(s, budget_s=10, progress=False) == {"rope": "not started", "qkv": "not started"}
+
+
+def test_figure_inputs_train_the_missing_cells_of_a_cpu_study(corpus, tmp_path, runs, monkeypatch):  # noqa: F811
+    original = studies.load_study
+    monkeypatch.setattr(studies, "load_study", lambda profile, fast=False: original(_study(corpus, tmp_path)))
+    cells, info = studies.figure_inputs("unit", "far_mass")
+    assert list(cells) == ["rope", "qkv"] and info["missing"] == [] and not info["toy_scale"]
+    assert set(cells["qkv"]) == {"cell", "eval", "record"}
+    with pytest.raises(ValueError, match="lists no cells for figure"):
+        studies.figure_inputs("unit", "score_gaps")
+    with pytest.raises(ValueError, match="variants: unknown"):
+        studies.figure_inputs("unit", "far_mass", only="rope,bogus")
