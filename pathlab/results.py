@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping
@@ -120,7 +121,9 @@ CODE_PATHS = ("pathlab", "kernels", "notebooks", "configs")  # what makes a resu
 
 def git_revision(path: str | os.PathLike | None = None) -> str | None:
     """``git rev-parse HEAD`` of the repository holding ``path`` (this package by default), with ``-dirty`` when
-    tracked code that makes results (:data:`CODE_PATHS`) was modified; ``None`` outside a git checkout.
+    tracked code that makes results (:data:`CODE_PATHS`) was modified. Outside a git checkout, the commit that
+    ``git archive`` wrote into ``pathlab/REVISION`` (an export-subst file, see ``.gitattributes``): an archive is
+    that commit exactly. ``None`` when neither is known.
 
     Regenerated figures and result files are tracked too, so counting them would mark every regeneration dirty.
     """
@@ -128,14 +131,24 @@ def git_revision(path: str | os.PathLike | None = None) -> str | None:
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if rev.returncode != 0:
-            return None
+            return archived_revision()
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
                              timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
                                cwd=top or cwd, capture_output=True, text=True, timeout=10)
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
+        return archived_revision()
+
+
+def archived_revision() -> str | None:
+    """The commit recorded in ``pathlab/REVISION`` by ``git archive`` (40 hex digits), else ``None`` (in a
+    checkout the file holds the unexpanded placeholder)."""
+    try:
+        text = (Path(__file__).resolve().parent / "REVISION").read_text().strip()
+    except OSError:
         return None
+    return text if re.fullmatch(r"[0-9a-f]{40}", text) else None
 
 
 def _check_flags(flags: Mapping, what: str, allow_none: bool) -> dict:

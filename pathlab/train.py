@@ -32,7 +32,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ from pathlab.data.batches import WindowSampler
 from pathlab.data.corpus import CORPORA, check_corpus, corpus_dir, corpus_identity, corpus_meta, load_tokens, prepare
 from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
 from pathlab.model import ModelConfig, build_model
+from pathlab.results import git_revision
 from pathlab.run_config import config_diff, config_hash, repo_root, resolve_config
 
 # Keys that may differ between a run and its resumption. log_interval does not change the trained numbers.
@@ -128,21 +128,10 @@ def _clean_state_dict(state: dict) -> dict:
     return out
 
 
-def _git_revision() -> str | None:
-    root = repo_root()
-    if root is None or not (root / ".git").exists():
-        return None
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def environment_info(ctx: distributed.DistContext) -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "platform": platform.platform(), "device": str(ctx.device), "world_size": ctx.world_size,
-            "threads": torch.get_num_threads(), "git_revision": _git_revision()}
+            "threads": torch.get_num_threads(), "git_revision": git_revision()}
     if ctx.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(ctx.device)
         info["cuda"] = torch.version.cuda

@@ -42,3 +42,21 @@ def test_figure_was_made_by_the_committed_code(path):
     diff = _git("diff", "--stat", rev, "HEAD", "--", notebook, *CODE)
     assert diff.returncode == 0 and not diff.stdout.strip(), \
         f"{path.name}: the code that makes it changed since {rev[:10]}:\n{diff.stdout}"
+
+
+def test_an_archive_records_its_commit(tmp_path):
+    """``git archive`` of HEAD expands ``pathlab/REVISION`` to HEAD's commit, which :func:`git_revision` reports
+    outside a checkout (an archive is that commit exactly); a checkout's unexpanded placeholder reads as None."""
+    import subprocess
+    import tarfile
+
+    from pathlab.results import archived_revision
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout
+    tar = tmp_path / "head.tar"
+    subprocess.run(["git", "archive", "-o", str(tar), "HEAD", "pathlab/REVISION"], cwd=root, check=True)
+    with tarfile.open(tar) as archive:
+        text = archive.extractfile("pathlab/REVISION").read().decode().strip()
+    assert text == head.strip()
+    assert archived_revision() is None  # this checkout holds the placeholder
