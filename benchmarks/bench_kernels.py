@@ -12,8 +12,8 @@ head shape: relative RMS error of o and of every gradient goes into the result f
         # fwd+bwd time by kernel: the Triton scan against the per-token work around it
     python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path_ut_triton,sdpa --decode ''
         # the UT transform in PyTorch ops against the fused kernels (``ut="triton"``), side by side
-    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path@PATHLAB_PATH_BWD_LAMBDA=tf32,sdpa
-        # a method with kernel settings after '@': variants of one kernel side by side in one call
+    python benchmarks/bench_kernels.py --cases 4096x12x64 --methods path,path@bwd_launch=8,1,1,sdpa
+        # a method with KernelConfig settings after '@': variants of one kernel side by side in one call
 
 Needs a CUDA device. The result file is written atomically.
 """
@@ -21,7 +21,7 @@ Needs a CUDA device. The result file is written atomically.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -43,24 +43,50 @@ PATH_METHODS = ("path", "path_fox", "path_ut_triton", "path_fox_ut_triton", "pat
 METHODS = PATH_METHODS + ("sdpa", "flex_alibi", "fla_path", "fla_path_fox", "fla_fox")
 
 
+def _config_fields():
+    from pathlab.kernels import KernelConfig
+
+    return {f.name: f.type for f in dataclasses.fields(KernelConfig)}
+
+
+def _setting_value(key, text, kind):
+    """A setting's text as its field wants it: a tuple of ints for launches and tiles, a bool (0/1) for routes,
+    an int for the rest."""
+    try:
+        if "tuple" in kind:
+            return tuple(int(x) for x in text.split(","))
+        if "bool" in kind:
+            if text not in ("0", "1"):
+                raise ValueError(text)
+            return text == "1"
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"setting {key}={text!r}: not a value for a {kind} field") from None
+
+
 def parse_method(name):
-    """``"path@PATHLAB_X=a@PATHLAB_Y=b"`` → ``("path", {"PATHLAB_X": "a", "PATHLAB_Y": "b"})``: a method run with
-    kernel settings in the environment, so that variants of one kernel are timed side by side in one call."""
+    """``"path@bwd_launch=8,1,1@prefetch=0"`` → ``("path", {"bwd_launch": (8, 1, 1), "prefetch": False})``: a
+    method run with :class:`pathlab.kernels.KernelConfig` settings, so that variants of one kernel are timed side
+    by side in one call."""
     base, *settings = name.split("@")
     if base not in METHODS:
         raise SystemExit(f"unknown method {base!r}; known: {METHODS}")
-    env = {}
+    fields = _config_fields()
+    out = {}
     for setting in settings:
         key, sep, val = setting.partition("=")
-        if not sep or not key.startswith("PATHLAB_"):
-            raise SystemExit(f"method setting {setting!r} of {name!r} must read PATHLAB_NAME=value")
-        env[key] = val
-    return base, env
+        if not sep or key not in fields:
+            raise SystemExit(f"method setting {setting!r} of {name!r} must read FIELD=value with a KernelConfig "
+                             f"field: {sorted(fields)}")
+        out[key] = _setting_value(key, val, str(fields[key]))
+    if settings and base not in PATH_METHODS:
+        raise SystemExit(f"method {name!r}: settings apply to the PaTH kernel methods only")
+    return base, out
 
 
 def split_methods(text):
     """The comma list of methods; a piece starting with a digit continues the previous method's setting, so
-    that ``path@PATHLAB_PATH_BWD=4,2,2,sdpa`` reads as two methods."""
+    that ``path@bwd_launch=4,2,2,sdpa`` reads as two methods."""
     methods = []
     for piece in text.split(","):
         if piece[:1].isdigit() and methods:
@@ -70,19 +96,14 @@ def split_methods(text):
     return methods
 
 
-@contextlib.contextmanager
-def method_env(env):
-    """The environment variables ``env`` set inside the block, restored after it."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, val in saved.items():
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
+def method_config(settings, base=None):
+    """The KernelConfig of a method's settings on top of ``base`` (a KernelConfig, e.g. the tuned launches), or
+    None when neither sets anything (the kernel's own choices)."""
+    from pathlab.kernels import KernelConfig
+
+    if not settings and base is None:
+        return None
+    return dataclasses.replace(base or KernelConfig(), **settings)
 
 
 def rel_rms(a, b):
@@ -114,19 +135,20 @@ def _fla():
     return (parallel_path_attn, parallel_forgetting_attn), None
 
 
-def build_method(name, q, k, v, w, beta, g):
-    """A closure computing o (and its inputs that need grads) for method ``name``; None if unavailable."""
+def build_method(name, q, k, v, w, beta, g, config=None):
+    """A closure computing o (and its inputs that need grads) for method ``name``; None if unavailable.
+    ``config``: a KernelConfig for the PaTH kernel methods (None: the kernel's own choices)."""
     import pathlab
 
-    if name in ("path", "path_fox"):
+    if name in ("path", "path_fox") and config is None:
         gate = g if name == "path_fox" else None
         return lambda: pathlab.path_attention(q, k, v, w, beta, gate, backend="triton")
-    if "_ut_" in name:  # the same kernel with the UT transform fused (recomputed or saved) or in PyTorch
-        from pathlab.kernels import path_attention_triton
+    if name in PATH_METHODS:  # the kernel itself: with a config, or the UT transform fused (recomputed or saved)
+        from pathlab.kernels import path_attention_triton  # or in PyTorch
 
         gate = g if name.startswith("path_fox") else None
-        ut = name.split("_ut_", 1)[1]
-        return lambda: path_attention_triton(q, k, v, w, beta, gate, ut=ut)  # w, β, g are fp32 already
+        ut = name.split("_ut_", 1)[1] if "_ut_" in name else None
+        return lambda: path_attention_triton(q, k, v, w, beta, gate, ut=ut, config=config)  # w, β, g fp32 already
     if name == "sdpa":
         qt, kt, vt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v))
         return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
@@ -164,19 +186,18 @@ def check_correctness(name, H, D, device, T=256):
     """Relative RMS errors of o and every gradient against the fp64 reference (B=1, T=256, β ∈ [1.5, 2])."""
     from pathlab.reference import path_attention as reference
 
-    name, env = parse_method(name)
+    name, settings = parse_method(name)
     if name not in PATH_METHODS + ("fla_path", "fla_path_fox"):
         return None
-    with method_env(env):
-        return _errors(name, H, D, device, T, reference)
+    return _errors(name, H, D, device, T, reference, method_config(settings))
 
 
-def _errors(name, H, D, device, T, reference):
+def _errors(name, H, D, device, T, reference, config=None):
     q, k, v, w, beta, g = make_inputs(1, T, H, D, device=device, seed=1, beta_range=(1.5, 2.0))
     gate = g if "fox" in name else None
     leaves = [q, k, v, w, beta] + ([gate] if gate is not None else [])
     leaves = [t.detach().requires_grad_() for t in leaves]
-    fn = build_method(name, *leaves[:5], leaves[5] if gate is not None else g)
+    fn = build_method(name, *leaves[:5], leaves[5] if gate is not None else g, config=config)
     if fn is None:
         return None
     o = fn()
@@ -216,7 +237,8 @@ def time_method(fn, leaves, *, backward=True):
     return fwd, fb, (peak, finite)
 
 
-def bench_case(T, H, D, methods, device, tokens):
+def bench_case(T, H, D, methods, device, tokens, tuned=None):
+    """Every method at one case; ``tuned``: a KernelConfig of tuned launches under the PaTH methods' settings."""
     B = max(1, tokens // T)
     rows = []
     for name in methods:
@@ -226,16 +248,16 @@ def bench_case(T, H, D, methods, device, tokens):
         for t in (q, k, v, w, beta, g):
             t.requires_grad_()
         row = dict(method=name, T=T, B=B, H=H, D=D)
-        base, env = parse_method(name)
+        base, settings = parse_method(name)
         try:
-            fn = build_method(base, q, k, v, w, beta, g)
+            config = method_config(settings, tuned if base in PATH_METHODS else None)
+            fn = build_method(base, q, k, v, w, beta, g, config=config)
             if fn is None:
                 row["skipped"] = _fla()[1]
                 rows.append(row)
                 continue
             leaves = _leaves(fn, base, q, k, v, w, beta, g)
-            with method_env(env):
-                fwd, fb, (peak, finite) = time_method(fn, leaves)
+            fwd, fb, (peak, finite) = time_method(fn, leaves)
             row.update(fwd_ms=fwd, fwd_bwd_ms=fb, peak_mib=peak, finite=finite)
         except torch.OutOfMemoryError as err:
             row["error"] = f"out of memory: {str(err).splitlines()[0]}"
@@ -265,8 +287,8 @@ def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
     q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
     for t in (q, k, v, w, beta, g):
         t.requires_grad_()
-    base, env = parse_method(method)
-    fn = build_method(base, q, k, v, w, beta, g)
+    base, settings = parse_method(method)
+    fn = build_method(base, q, k, v, w, beta, g, config=method_config(settings))
     if fn is None:
         return dict(method=method, T=T, B=B, H=H, D=D, skipped=_fla()[1])
     leaves = _leaves(fn, base, q, k, v, w, beta, g)
@@ -274,10 +296,9 @@ def profile_case(T, H, D, method, device, tokens, *, calls=2, top=25):
     def fwd_bwd():
         torch.autograd.grad(fn(), leaves, do)
 
-    with method_env(env):
-        do = torch.randn_like(fn())
-        fwd_bwd()
-        prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
+    do = torch.randn_like(fn())
+    fwd_bwd()
+    prof = time_by_kernel(fwd_bwd, calls, device, top=10_000)
     scan = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(SCAN_KERNELS))
     ut = sum(r["ms_per_call"] for r in prof["kernels"] if r["name"].startswith(UT_KERNELS))
     return dict(method=method, T=T, B=B, H=H, D=D, ms_per_call=prof["ms_per_call"], scan_ms=scan, ut_ms=ut,
@@ -512,50 +533,37 @@ def _restore(cache, snap):
         live.copy_(saved)
 
 
-TUNE_FWD = ["4,3", "8,2", "4,2"]
-TUNE_BWD = ["4,1,2", "8,1,2", "8,1,4", "4,1,4", "no_atomics", "acq_rel_atomics"]
-PROFILE_BWD = ("no_atomics", "acq_rel_atomics")  # PATHLAB_PATH_BWD_PROFILE values: measurements, not configs
+TUNE_FWD = [(4, 3), (8, 2), (4, 2)]
+TUNE_BWD = [(4, 1, 2), (8, 1, 2), (8, 1, 4), (4, 1, 4)]
 
 
 def tune(cases, device, tokens):
-    """Forward and backward launch configurations of the PaTH kernel (PATHLAB_PATH_FWD / _BWD)."""
+    """Forward and backward launch configurations of the PaTH kernel (``KernelConfig.fwd_launch``/``bwd_launch``)."""
     from triton.testing import do_bench
 
-    import pathlab
+    from pathlab.kernels import KernelConfig, path_attention_triton
 
     rows = []
     for T, H, D in cases:
         B = max(1, tokens // T)
         q, k, v, w, beta, g = make_inputs(B, T, H, D, device=device)
         leaves = [t.requires_grad_() for t in (q, k, v, w, beta)]
-        fn = lambda: pathlab.path_attention(q, k, v, w, beta, backend="triton")  # noqa: E731
-        for cfg in TUNE_FWD:
-            os.environ["PATHLAB_PATH_FWD"] = cfg
-            try:
-                with torch.no_grad():
-                    t = do_bench(fn, warmup=25, rep=100)
-                row = dict(tune="fwd", config=cfg, T=T, H=H, D=D, ms=t)
-            except Exception as err:  # noqa: BLE001
-                row = dict(tune="fwd", config=cfg, T=T, H=H, D=D, error=f"{type(err).__name__}: {err}"[:200])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-        os.environ.pop("PATHLAB_PATH_FWD")
-        o = fn()
-        do = torch.randn_like(o)
-        for cfg in TUNE_BWD:
-            if cfg in PROFILE_BWD:  # stores instead of atomics (wrong gradients), or the default acq_rel atomics
-                os.environ["PATHLAB_PATH_BWD_PROFILE"] = cfg
-            else:
-                os.environ["PATHLAB_PATH_BWD"] = cfg
-            try:
-                t = do_bench(lambda: torch.autograd.grad(fn(), leaves, do), warmup=25, rep=100)
-                row = dict(tune="fwd_bwd", config=cfg, T=T, H=H, D=D, ms=t)
-            except Exception as err:  # noqa: BLE001
-                row = dict(tune="fwd_bwd", config=cfg, T=T, H=H, D=D, error=f"{type(err).__name__}: {err}"[:200])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-            os.environ.pop("PATHLAB_PATH_BWD_PROFILE", None)
-        os.environ.pop("PATHLAB_PATH_BWD", None)
+        for kind, configs in (("fwd", TUNE_FWD), ("fwd_bwd", TUNE_BWD)):
+            for launch in configs:
+                config = KernelConfig(**{"fwd_launch" if kind == "fwd" else "bwd_launch": launch})
+                fn = lambda: path_attention_triton(q, k, v, w, beta, config=config)  # noqa: E731
+                row = dict(tune=kind, config=",".join(map(str, launch)), T=T, H=H, D=D)
+                try:
+                    if kind == "fwd":
+                        with torch.no_grad():
+                            row["ms"] = do_bench(fn, warmup=25, rep=100)
+                    else:
+                        do = torch.randn_like(fn())
+                        row["ms"] = do_bench(lambda: torch.autograd.grad(fn(), leaves, do), warmup=25, rep=100)
+                except Exception as err:  # noqa: BLE001
+                    row["error"] = f"{type(err).__name__}: {err}"[:200]
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     return rows
 
 
@@ -563,12 +571,21 @@ def best_configs(rows):
     """{(kind, D): config} with the lowest time among the tuned launch configs."""
     best = {}
     for r in rows:
-        if "ms" not in r or r["config"] in PROFILE_BWD:
+        if "ms" not in r:
             continue
         key = (r["tune"], r["D"])
         if key not in best or r["ms"] < best[key][1]:
             best[key] = (r["config"], r["ms"])
     return {k: v[0] for k, v in best.items()}
+
+
+def tuned_config(chosen, D):
+    """The KernelConfig of the tuned launches at head dim D (None when none was tuned)."""
+    from pathlab.kernels import KernelConfig
+
+    launches = {("fwd_launch" if kind == "fwd" else "bwd_launch"): tuple(int(x) for x in cfg.split(","))
+                for (kind, d), cfg in chosen.items() if d == D}
+    return KernelConfig(**launches) if launches else None
 
 
 def main(argv=None):
@@ -587,7 +604,7 @@ def main(argv=None):
     ap.add_argument("--check", default=",".join(PATH_METHODS + ("fla_path", "fla_path_fox")),
                     help="methods checked vs reference")
     ap.add_argument("--w-dtype", default="fp32", choices=sorted(W_DTYPES),
-                    help="dtype of w (fp32 in the committed results before the fourteenth round; bf16 is the model's)")
+                    help="dtype of w (bf16 is the language model's)")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--tune", default="", help="TxHxD cases on which to sweep the kernel's launch configs first")
     ap.add_argument("--profile", default="",
@@ -609,7 +626,7 @@ def main(argv=None):
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         device=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
         fla=_fla()[1] or "importable", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        pathlab_env={key: val for key, val in os.environ.items() if key.startswith("PATHLAB_")}, w_dtype=args.w_dtype,
+        w_dtype=args.w_dtype,
         correctness={}, cases=[], decode=[],
         notes="fla_path_fox gets g/scale (fla scales the gate); peak_mib = extra memory of one fwd+bwd",
     )
@@ -661,12 +678,7 @@ def main(argv=None):
         if args.time_budget and time.time() - t0 > args.time_budget:
             result["cases"].append(dict(T=T, H=H, D=D, skipped=f"time budget of {args.time_budget} s spent"))
             continue
-        for kind, var in (("fwd", "PATHLAB_PATH_FWD"), ("fwd_bwd", "PATHLAB_PATH_BWD")):
-            if (kind, D) in chosen:
-                os.environ[var] = chosen[(kind, D)]
-            else:
-                os.environ.pop(var, None)
-        result["cases"].extend(bench_case(T, H, D, methods, device, args.tokens))
+        result["cases"].extend(bench_case(T, H, D, methods, device, args.tokens, tuned_config(chosen, D)))
         _write(args.out, result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _write(args.out, result)

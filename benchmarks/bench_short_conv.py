@@ -13,9 +13,7 @@ fp64 expression on y, dx and d taps.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import platform
 import sys
 import time
@@ -30,18 +28,26 @@ def routes():
     return {"op": short_conv_silu, "compiled_expression": torch.compile(conv_silu_expression, fullgraph=True)}
 
 
-@contextlib.contextmanager
-def tile_env(tile):
-    """``PATHLAB_SHORT_CONV_TILE=tile`` inside (the kernels read it at each launch; None: unset)."""
-    before = os.environ.pop("PATHLAB_SHORT_CONV_TILE", None)
-    if tile is not None:
-        os.environ["PATHLAB_SHORT_CONV_TILE"] = tile
-    try:
-        yield
-    finally:
-        os.environ.pop("PATHLAB_SHORT_CONV_TILE", None)
-        if before is not None:
-            os.environ["PATHLAB_SHORT_CONV_TILE"] = before
+def tiled(tile):
+    """The op's kernels with ``KernelConfig(short_conv_tile=tile)`` (``"steps,channels,warps"``), as f(x, taps)."""
+    from pathlab.kernels import KernelConfig
+    from pathlab.kernels.short_conv import short_conv_silu_backward_launch, short_conv_silu_launch
+
+    config = KernelConfig(short_conv_tile=tuple(int(v) for v in tile.split(",")))
+
+    class Tiled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, taps):
+            ctx.save_for_backward(x, taps)
+            return short_conv_silu_launch(x, taps.contiguous(), config)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, taps = ctx.saved_tensors
+            dx, dtaps = short_conv_silu_backward_launch(x, taps.contiguous(), dy.contiguous(), config)
+            return dx, dtaps.to(taps.dtype)
+
+    return Tiled.apply
 
 
 def errors(fn, x, taps, dy):
@@ -61,8 +67,8 @@ def main(argv=None):
     p.add_argument("--shape", default="64,512,768,3", help="B,T,C,K")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--tiles", default="", help="also time the op with these tiles, 'steps,channels,warps;…' "
-                   "(PATHLAB_SHORT_CONV_TILE)")
+    p.add_argument("--tiles", default="", help="also time the op's kernels with these tiles, "
+                   "'steps,channels,warps;…' (KernelConfig.short_conv_tile)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from pathlab.profiling import time_by_kernel
@@ -73,22 +79,20 @@ def main(argv=None):
     x = torch.randn(B, T, C, device="cuda", generator=gen).to(dtype).requires_grad_()
     taps = (torch.randn(C, K, device="cuda", generator=gen) * K**-0.5).requires_grad_()
     dy = torch.randn(B, T, C, device="cuda", generator=gen).to(dtype)
-    fns = {name: (fn, None) for name, fn in routes().items()}
+    fns = routes()
     for tile in filter(None, args.tiles.split(";")):
-        fns[f"op@{tile}"] = (fns["op"][0], tile)
+        fns[f"op@{tile}"] = tiled(tile)
     result = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shape": [B, T, C, K],
               "dtype": args.dtype, "errors": {}, "rounds": []}
-    for name, (fn, tile) in fns.items():
-        with tile_env(tile):
-            result["errors"][name] = errors(fn, x, taps, dy)
+    for name, fn in fns.items():
+        result["errors"][name] = errors(fn, x, taps, dy)
     for _ in range(args.rounds):
         row = {}
-        for name, (fn, tile) in fns.items():
-            with tile_env(tile):
-                fwd = time_by_kernel(lambda: fn(x, taps), 20, "cuda", top=20)
-                fwd_bwd = time_by_kernel(lambda: torch.autograd.grad(fn(x, taps), (x, taps), dy), 20, "cuda", top=20)
+        for name, fn in fns.items():
+            fwd = time_by_kernel(lambda: fn(x, taps), 20, "cuda", top=20)
+            fwd_bwd = time_by_kernel(lambda: torch.autograd.grad(fn(x, taps), (x, taps), dy), 20, "cuda", top=20)
             row[name] = {"fwd_ms": fwd["ms_per_call"], "fwd_bwd_ms": fwd_bwd["ms_per_call"],
                          "fwd_bwd_kernels": fwd_bwd["kernels"]}
         result["rounds"].append(row)

@@ -319,7 +319,7 @@ def main(argv=None) -> int:
         "env": {"gpu": None,  # from the first worker's result (the parent process does not touch the GPU)
                 "torch": torch.__version__, "python": platform.python_version(),
                 "triton": __import__("triton").__version__,
-                # settings read by the kernels, e.g. PATHLAB_PATH_UT=triton (the fused UT transform)
+                # the user-facing PATHLAB_* settings of the run (data, runs folders, debug)
                 "pathlab": {key: val for key, val in os.environ.items() if key.startswith("PATHLAB_")}},
         "anchors_tokens_per_s": {"rope_sdpa": 436_000, "path_public_kernel": 218_000},
         "throughput": {}, "eval_smoke": {}, "skipped": [],

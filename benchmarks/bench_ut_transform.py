@@ -21,13 +21,14 @@ import torch
 from pathlab.testing import rel_err
 
 
-def measure(T, H, Hkv, D, device="cuda"):
-    """One size; on a CPU (Triton's interpreter) the times are left out (None)."""
+def measure(T, H, Hkv, D, device="cuda", config=None):
+    """One size; on a CPU (Triton's interpreter) the times are left out (None). ``config``: a
+    :class:`pathlab.kernels.KernelConfig` for the fused kernels (None: the default)."""
     import triton.testing
 
-    from pathlab.kernels._layout import build_layout
-    from pathlab.kernels._triton_ut import ut_factors_triton
+    from pathlab.kernels.layout import build_layout
     from pathlab.kernels.path import _ut_factors_torch
+    from pathlab.kernels.ut_backward import ut_factors_triton
 
     gen = torch.Generator(device=device).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
@@ -39,7 +40,7 @@ def measure(T, H, Hkv, D, device="cuda"):
     plain = [x.detach().requires_grad_() for x in (q, k, w, beta)]
 
     start = time.time()
-    got = ut_factors_triton(*fused, layout)
+    got = ut_factors_triton(*fused, layout, config)
     sync()
     first_fwd = time.time() - start
     upstream = [torch.randn_like(x) for x in got]
@@ -59,8 +60,9 @@ def measure(T, H, Hkv, D, device="cuda"):
     return dict(
         first_fwd_s=first_fwd, first_bwd_s=first_bwd, errs=errs,
         nans=[bool(torch.isnan(x).any()) for x in list(got) + list(got_grads)],
-        fused_fwd_ms=bench(lambda: ut_factors_triton(*fused, layout)),
-        fused_fwdbwd_ms=bench(lambda: torch.autograd.grad(ut_factors_triton(*fused, layout), fused, upstream)),
+        fused_fwd_ms=bench(lambda: ut_factors_triton(*fused, layout, config)),
+        fused_fwdbwd_ms=bench(lambda: torch.autograd.grad(ut_factors_triton(*fused, layout, config), fused,
+                                                                            upstream)),
         torch_fwd_ms=bench(lambda: _ut_factors_torch(*plain, layout)),
         torch_fwdbwd_ms=bench(lambda: torch.autograd.grad(_ut_factors_torch(*plain, layout), plain, upstream)),
     )
@@ -73,8 +75,8 @@ def measure_inverse(T, Hkv, D, warps, device="cuda"):
     matrices. Times are None on a CPU."""
     import triton.testing
 
-    from pathlab.kernels import _triton_ut
-    from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks
+    from pathlab.kernels import ut_common as _triton_ut
+    from pathlab.kernels.layout import build_layout, slot_tokens, to_chunks
 
     gen = torch.Generator(device=device).manual_seed(1)
     w = torch.nn.functional.normalize(torch.randn(1, T, Hkv, D, device=device, generator=gen), dim=-1)
@@ -106,10 +108,10 @@ def measure_inverse(T, Hkv, D, warps, device="cuda"):
 
 def print_resources():
     """Registers, spills and shared memory of every compiled variant of the UT kernels."""
-    from pathlab.kernels import _triton_ut
+    from pathlab.kernels import ut_backward, ut_common, ut_forward
 
-    for kernel in (_triton_ut._ut_inverse_kernel, _triton_ut._ut_fwd_kernel, _triton_ut._ut_bwd_heads_kernel,
-                   _triton_ut._ut_bwd_chunk_kernel, _triton_ut._ut_bwd_inverse_kernel):
+    for kernel in (ut_common._ut_inverse_kernel, ut_forward._ut_fwd_kernel, ut_backward._ut_bwd_heads_kernel,
+                   ut_backward._ut_bwd_chunk_kernel, ut_backward._ut_bwd_inverse_kernel):
         for cache in getattr(kernel, "device_caches", {}).values():
             for compiled in cache[0].values():
                 try:

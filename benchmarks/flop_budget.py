@@ -1,8 +1,8 @@
 """How fast PaTH's kernels run against SDPA's, in tensor-core work, and what that allows the owt16 model.
 
 No GPU: the matrix products of each kernel are counted as the kernels' loops make them (multiply-adds, MAC, per
-forward+backward at one case; ``kernel_macs`` below mirrors ``kernels/_triton_path.py`` and
-``kernels/_triton_ut.py`` product by product), and a committed profile gives each kernel's time. Reported:
+forward+backward at one case; ``kernel_macs`` below mirrors ``kernels/scan_*.py`` and
+``kernels/ut_*.py`` product by product), and a committed profile gives each kernel's time. Reported:
 
 * per kernel, its MACs, time and rate (TFLOP/s, 2 FLOP a MAC), and SDPA's rate at the same case, counted two
   ways: the 7 T×T×D products of a causal forward and backward over half the square (3.5·T²·D MAC per head and

@@ -82,33 +82,43 @@ def resources(kernel, constexprs, num_warps, num_stages=1, scan=False):
 
 
 def cases(dims, GROUP=1):
-    from pathlab.kernels import _triton_bwd_by_sequence, _triton_path, _triton_ut
+    from pathlab.kernels import scan_backward_by_chunk, scan_backward_by_sequence, scan_forward
+    from pathlab.kernels import ut_backward, ut_common, ut_forward
+
+    class _UT:  # the UT kernels and their launch choices, wherever each lives
+        def __getattr__(self, name):
+            for module in (ut_common, ut_forward, ut_backward):
+                if hasattr(module, name):
+                    return getattr(module, name)
+            raise AttributeError(name)
+
+    _triton_ut = _UT()
 
     for D in dims:
         for gate in (False, True):
             for lam_bf16 in (True, False):  # λ's products on bf16 operands (the GPU default) or tf32
                 for warps in (4, 8):
                     yield (f"scan_bwd D{D} gate={gate} lambda={'bf16' if lam_bf16 else 'tf32'}",
-                           _triton_path._path_bwd_kernel,
+                           scan_backward_by_chunk._path_bwd_kernel,
                            dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32",
-                                LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False,
+                                LAMBDA_BF16=lam_bf16, PREFETCH=D <= 64, GATHER=False,
                                 SV_T=D, V_ROWS=D <= 64),
                            warps, True)
             # the carried states read from the forward instead of replayed (at 4 warps, λ in bf16)
-            yield (f"scan_bwd D{D} gate={gate} lambda=bf16 forward-states", _triton_path._path_bwd_kernel,
+            yield (f"scan_bwd D{D} gate={gate} lambda=bf16 forward-states", scan_backward_by_chunk._path_bwd_kernel,
                    dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", PREC32="tf32", LAMBDA_BF16=True,
-                        PREFETCH=D <= 64, NO_ATOMICS=False, ACQ_REL=False, GATHER=False, SV_T=D, V_ROWS=D <= 64,
+                        PREFETCH=D <= 64, GATHER=False, SV_T=D, V_ROWS=D <= 64,
                         FWD_STATES=True),
                    4, True)
             # the backward by sequence (R query chunks a tile, warps, pipeline stages)
             for R, warps, stages in ((1, 4, 1), (1, 4, 2), (1, 4, 3), (1, 8, 2), (2, 8, 1), (2, 8, 2)):
                 yield (f"scan_bwd_by_sequence D{D} gate={gate} R={R} warps={warps} stages={stages}",
-                       _triton_bwd_by_sequence._path_bwd_by_sequence_kernel,
+                       scan_backward_by_sequence._path_bwd_by_sequence_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, R=R, PREC="tf32", PREC32="tf32",
                             LAMBDA_BF16=True, GATHER=False, V_GATHER=False),
                        warps, True, stages)
             for keep in (False, True):  # the forward keeping its carried states for the backward
-                yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", _triton_path._path_fwd_kernel,
+                yield (f"scan_fwd D{D} gate={gate}{' keep-states' if keep else ''}", scan_forward._path_fwd_kernel,
                        dict(GROUP=1, HAS_GATE=gate, BT=64, D=D, DV=D, PREC="tf32", GATHER=False, SV_T=D,
                             V_ROWS=D <= 64, KEEP_STATES=keep),
                        4, True)
@@ -130,7 +140,7 @@ def cases(dims, GROUP=1):
                 group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}
                 yield (f"{name.strip('_')} D{D}{tag}", kernel, dict(BT=64, D=D, HALF=half, **group),
                        _triton_ut.num_warps(D), False)
-            if half:  # the three-kernel backward with its scratch in scaled fp16 (``_triton_ut.narrow_scratch``)
+            if half:  # the three-kernel backward with its scratch in scaled fp16 (``ut_backward.narrow_scratch``)
                 for name in ("_ut_bwd_heads_kernel", "_ut_bwd_chunk_kernel", "_ut_bwd_inverse_kernel"):
                     kernel = getattr(_triton_ut, name)
                     group = {"GROUP": GROUP} if "GROUP" in [p.name for p in kernel.params] else {}
@@ -146,7 +156,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="build only the kernels whose label contains this text")
     ap.add_argument("--out", default=None, help="JSON result file")
     args = ap.parse_args(argv)
-    from pathlab.kernels._mode import interpreting
+    from pathlab.kernels.runtime import interpreting
 
     if interpreting():
         raise SystemExit("kernel_resources builds GPU code: run it without TRITON_INTERPRET")

@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of the kernels
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_kernels import _leaves, build_method, make_inputs, method_env, parse_method  # noqa: E402
+from bench_kernels import _leaves, build_method, make_inputs, method_config, parse_method  # noqa: E402
 
 MIB = 2**20
 
@@ -58,21 +58,21 @@ class LiveMeter:
     """Tensor bytes alive, op by op (any device); the PaTH custom ops run op by op too."""
 
     def __init__(self):
-        from pathlab.kernels import _recompute, _triton_ut, path
+        from pathlab.kernels import fused, scan, ut_backward
         from pathlab.profiling import LiveTensorBytes
 
         def late(mod, name):  # looked up at the call, so that the phase wrappers below are the ones run
             return lambda *args, **kwargs: getattr(mod, name)(*args, **kwargs)
 
         self.mode = LiveTensorBytes(collect=True, inside={
-            "pathlab::path_recompute_fwd": late(_recompute, "_fwd_impl"),
-            "pathlab::path_recompute_bwd": late(_recompute, "_bwd_impl"),
-            "pathlab::path_saved_fwd": late(_recompute, "_saved_fwd_impl"),
-            "pathlab::path_saved_bwd": late(_recompute, "_saved_bwd_impl"),
-            "pathlab::path_scan_fwd": late(path, "_scan_fwd_impl"),
-            "pathlab::path_scan_bwd": late(path, "_scan_bwd_impl"),
-            "pathlab::path_ut_fwd": late(_triton_ut, "_ut_fwd_impl"),
-            "pathlab::path_ut_bwd": late(_triton_ut, "_ut_bwd_impl"),
+            "pathlab::path_recompute_fwd": late(fused, "_fwd_impl"),
+            "pathlab::path_recompute_bwd": late(fused, "_bwd_impl"),
+            "pathlab::path_saved_fwd": late(fused, "_saved_fwd_impl"),
+            "pathlab::path_saved_bwd": late(fused, "_saved_bwd_impl"),
+            "pathlab::path_scan_fwd": late(scan, "_scan_fwd_impl"),
+            "pathlab::path_scan_bwd": late(scan, "_scan_bwd_impl"),
+            "pathlab::path_ut_fwd": late(ut_backward, "_ut_fwd_impl"),
+            "pathlab::path_ut_bwd": late(ut_backward, "_ut_bwd_impl"),
         })
 
     def allocated(self):
@@ -104,11 +104,12 @@ def _phase_wrapper(name, fn, base, rows, meter):
 @contextlib.contextmanager
 def phases_recorded(base, rows, meter=None):
     """Wrap the steps of the Triton route (module attributes, restored on exit)."""
-    from pathlab.kernels import _recompute, path
+    from pathlab.kernels import fused, path, scan
 
     meter = meter or CudaMeter()
-    patches = [(_recompute, "ut_forward"), (_recompute, "ut_backward"), (path, "_scan_fwd_impl"),
-               (path, "_scan_bwd_impl"), (path, "_ut_factors_torch")]
+    # the fused routes call the steps through ``fused``'s names, the PyTorch route's scan ops through ``scan``'s
+    patches = [(fused, "ut_forward"), (fused, "ut_backward"), (fused, "_scan_fwd_impl"), (fused, "_scan_bwd_impl"),
+               (scan, "_scan_fwd_impl"), (scan, "_scan_bwd_impl"), (path, "_ut_factors_torch")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patches]
     try:
         for mod, name, fn in saved:
@@ -121,24 +122,23 @@ def phases_recorded(base, rows, meter=None):
 
 def measure(case, method, tokens):
     T, H, D = (int(x) for x in case.split("x"))
-    name, env = parse_method(method)
+    name, settings = parse_method(method)
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
     inputs = [x.requires_grad_() for x in make_inputs(max(1, tokens // T), T, H, D, device=device, dtype=dtype)]
     rows = []
-    with method_env(env):
-        fn = build_method(name, *inputs)
-        leaves = _leaves(fn, name, *inputs)  # the inputs the method differentiates, as bench_kernels takes them
-        if cuda:
-            fn()  # compile and warm up outside the measurement
-        meter = CudaMeter() if cuda else LiveMeter()
-        with meter.counting():
-            base = meter.allocated()
-            meter.reset_peak()
-            with phases_recorded(base, rows, meter):
-                o = fn()
-                grads = torch.autograd.grad(o, leaves, torch.randn_like(o))
-            del grads, o
+    fn = build_method(name, *inputs, config=method_config(settings))
+    leaves = _leaves(fn, name, *inputs)  # the inputs the method differentiates, as bench_kernels takes them
+    if cuda:
+        fn()  # compile and warm up outside the measurement
+    meter = CudaMeter() if cuda else LiveMeter()
+    with meter.counting():
+        base = meter.allocated()
+        meter.reset_peak()
+        with phases_recorded(base, rows, meter):
+            o = fn()
+            grads = torch.autograd.grad(o, leaves, torch.randn_like(o))
+        del grads, o
     return dict(case=case, method=method, device=device, steps=rows)
 
 

@@ -3,7 +3,7 @@
     python benchmarks/schedule_balance.py --out benchmarks/results/schedule-balance.json
 
 No GPU: the items (one per query chunk and query head, longest first, as ``_layout`` orders them) are dealt to
-the programs as ``_triton_path._path_bwd_kernel`` deals them (``deal`` below mirrors its loop), and an item with
+the programs as ``scan_backward_by_chunk._path_bwd_kernel`` deals them (``deal`` below mirrors its loop), and an item with
 chunk index c counts c + 1 pairs (c key chunks and the diagonal block). Reported per case: the most loaded
 program's pairs over the mean, for each way of dealing.
 """

@@ -1,15 +1,15 @@
-"""Launch configurations of the deferred decode step's split-K attention (``_deferred_attend_kernel``) alone.
+"""Launch configurations of the deferred decode step's split-K attention (``_deferred_attend_dot_kernel``) alone.
 
 The attention over the base keys reads the fp16 shadow keys and bf16 values once per step: the same bytes as
 plain decoding. For one cache (B = 1, H × D, ``--length`` cached tokens, all of them base keys) it times the
-kernel (median of ``triton.testing.do_bench``) for every (CUDA-core or tensor-core products, key block,
+kernel (median of ``triton.testing.do_bench``) for every (3-pass TF32 or 16-bit products, key block,
 num_warps, num_stages, programs per SM) of the grid, checks each against the softmax over the same keys in fp32, and times plain decoding's attention over
 a bf16 cache of the same length (SDPA, one query row) as the yardstick. Reports GB/s and the ratio to SDPA.
 
     python benchmarks/sweep_decode_attend.py --out decode-attend-sweep.json
 
-Use the best row through ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` or as the new default of
-``pathlab.kernels.decode.attend_config``.
+Use the best row through ``KernelConfig(decode_attend=(block, warps, stages, per_sm), decode_native=dot == 2)``
+or as the new default of ``pathlab.kernels.decode.attend_config``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 
-def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(0,), device="cuda", value_dtype=torch.bfloat16):
+def sweep(length, H, D, blocks, warps, stages, per_sm, dots=(2,), device="cuda", value_dtype=torch.bfloat16):
     """One row per launch configuration (products ``dots`` × key ``blocks`` × ``warps`` × ``stages`` × programs
     ``per_sm``): ``rel_err`` of the merged partials against softmax(q_τ Kᵀ) V in fp32, and on CUDA the median µs
     and GB/s; then SDPA's time over the same keys and values. On a CPU (the interpreter) only the errors."""
@@ -90,8 +90,8 @@ def main(argv=None):
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="1,3")
     ap.add_argument("--per-sm", default="4,8,16")
-    ap.add_argument("--dot", default="0,1,2", help="0: CUDA-core products, 1: tensor cores (tl.dot, 3-pass TF32), "
-                                                   "2: tensor cores in the caches' fp16/bf16 (two-part query and P)")
+    ap.add_argument("--dot", default="1,2", help="1: tensor cores (tl.dot, 3-pass TF32), "
+                                                 "2: tensor cores in the caches' fp16/bf16 (two-part query and P)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     H, D = (int(x) for x in args.shape.split("x"))

@@ -2,7 +2,7 @@
 
     python benchmarks/ut_inverse_grads_steps.py --out ut-inverse-grads-steps.json
 
-``_inverse_and_norm_gradients`` (``kernels/_triton_ut.py``) forms dN = strictLower(−Aᵀ dA Aᵀ), dG = D_β dN and
+``_inverse_and_norm_gradients`` (``kernels/ut_backward.py``) forms dN = strictLower(−Aᵀ dA Aᵀ), dG = D_β dN and
 adds (dG + dGᵀ) W to dw. Built by Triton 3.6 for an H200 with 4 warps at head dims 16 and 32, that kernel gave
 NaN in dw while its inputs (d(A D_β), dw so far) were finite. This script runs the same steps on one random
 chunk, on fp16 operands (``HALF``) or tf32, at 2, 4 and 8 warps, with the product formed three ways:
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pathlab.kernels._triton_ut import _dot, _mm, _operand
+from pathlab.kernels.ut_common import _dot, _mm, _operand
 
 FORMS = {"sum": 0, "lower": 1, "two": 2}
 

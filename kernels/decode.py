@@ -13,11 +13,11 @@ the shadow's precision and rewritten only every R steps.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .config import DEFAULT, KernelConfig, launch, pick
 
 
 @triton.jit
@@ -122,7 +122,7 @@ def decode_step_triton(k_cache, v_cache, G, q, wn, beta, gate_t, n, scale, *, bl
 #   _deferred_prep_kernel    one program per (batch, kv head): M ← M H_n, q_τ = M q for every query head of the
 #                            group (written, pre-scaled, for the next kernel), recent keys ← · H_n and append k_n,
 #                            store v_n and G_n, score the recent keys (positions base … n) with q itself → partial 0
-#   _deferred_attend_kernel  split-K over the base keys 0 … base−1: reads the shadow keys and the values once, scores
+#   _deferred_attend_dot_kernel  split-K over the base keys 0 … base−1: reads the shadow keys and the values once, scores
 #                            with q_τ, one partial (max, sum, Σ p v) per split → partials 1 … n_split
 #   _deferred_merge_kernel   one program per (batch, kv head): merges the partials, writes o in q's dtype, and
 #                            advances the step counter n → n + 1
@@ -222,48 +222,16 @@ def _split_keys(POS, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _deferred_attend_kernel(
-    KS, VC, GC, QT, MP, LP, AP, POS,
-    max_len, n_slots,
-    GROUP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-):
-    bh, n, start, end = _split_keys(POS, BLOCK)
-    dcol = tl.arange(0, D)
-    vcol = tl.arange(0, DV)
-    grow = tl.arange(0, GROUP)
-    head = bh * GROUP + grow
-    qt = tl.load(QT + head[:, None] * D + dcol[None, :])  # [GROUP, D] fp32, q_τ · scale · log2(e)
-    if HAS_GATE:
-        g_t = tl.load(GC + head * max_len + n)  # fp64 G_n per query head
-    m_i, l_i, acc = _softmax_start(GROUP, DV)
-    for off in range(start, end, BLOCK):
-        j = off + tl.arange(0, BLOCK)
-        valid = j < end
-        kb = tl.load(KS + (bh * max_len + j[:, None]) * D + dcol[None, :], mask=valid[:, None], other=0.0)
-        s = tl.sum(qt[:, None, :] * kb.to(tl.float32)[None, :, :], 2)  # [GROUP, BLOCK]
-        if HAS_GATE:
-            g_j = tl.load(GC + head[:, None] * max_len + j[None, :], mask=valid[None, :], other=0.0)
-            s += ((g_t[:, None] - g_j) * 1.4426950408889634).to(tl.float32)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        vb = tl.load(VC + (bh * max_len + j[:, None]) * DV + vcol[None, :], mask=valid[:, None], other=0.0)
-        m_i, l_i, acc = _softmax_block(s, vb, m_i, l_i, acc)
-    slot = (bh * n_slots + 1 + tl.program_id(1)) * GROUP + grow  # an empty split: m = −inf, l = 0, acc = 0
-    tl.store(MP + slot, m_i)
-    tl.store(LP + slot, l_i)
-    tl.store(AP + slot[:, None] * DV + vcol[None, :], acc)
-
-
-@triton.jit
 def _deferred_attend_dot_kernel(
     KS, VC, GC, QT, MP, LP, AP, POS,
     max_len, n_slots,
     GROUP: tl.constexpr, GP: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
     DV: tl.constexpr, NATIVE_K: tl.constexpr, NATIVE_V: tl.constexpr,
 ):
-    """``_deferred_attend_kernel`` on tensor cores: the ``GROUP`` query rows padded to ``GP`` ≥ 16 (zero rows,
-    never stored), scores ``S = q_τ Kᵀ`` and ``P V`` as ``tl.dot`` in 3-pass TF32 (fp32-level accuracy: the keys
-    and values are exact in TF32, q_τ and P are split in two TF32 parts), so the only rounding added to the
-    CUDA-core kernel's is the order of the sums.
+    """Split-K attention over the base keys on tensor cores, one partial (max, sum, Σ p v) per split: the
+    ``GROUP`` query rows padded to ``GP`` ≥ 16 (zero rows, never stored), scores ``S = q_τ Kᵀ`` and ``P V`` as
+    ``tl.dot`` in 3-pass TF32 (fp32-level accuracy: the keys and values are exact in TF32, q_τ and P are split in
+    two TF32 parts).
 
     ``NATIVE_K`` / ``NATIVE_V`` (fp16 or bf16 keys / values): the product takes the cache's own dtype instead, with
     q_τ (P) split in two parts of that dtype, hi + lo (q_τ = hi + lo to 2⁻²² relative in fp16, 2⁻¹⁶ in bf16),
@@ -374,31 +342,21 @@ def _pow2_floor(x):
     return 1 << (int(x).bit_length() - 1)
 
 
-def attend_config(head_dim, device):
-    """(key block, num_warps, num_stages, programs per SM, products) of the split-K attention over the base keys;
-    products (``dot``): 0 CUDA cores, 1 tensor cores in 3-pass TF32, 2 tensor cores in the caches' fp16/bf16 with
-    the query and P split in two parts (:func:`attend`).
+def attend_config(head_dim, device, config: KernelConfig = DEFAULT):
+    """(key block, num_warps, num_stages, programs, products) of the split-K attention over the base keys; products
+    (``dot``): 1 tensor cores in 3-pass TF32, 2 tensor cores in the caches' fp16/bf16 with the query and P split in
+    two parts (:func:`attend`).
 
-    Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages, 16 programs per SM (over batch × kv
-    heads × splits), tensor-core products in the caches' own dtype (dot = 2). On the H200, B = 1, 12 × 64, 64K
-    cached tokens, the attention alone (``benchmarks/results/decode-attend-sweep-*.json``): the best of 36 launch
-    configurations of the CUDA-core kernel took 125 µs (1.6 TB/s); the tensor-core kernel in 3-pass TF32 107 µs
-    (127 µs with 1 stage: its loads are pipelined); in fp16/bf16 with two-part query and P 64 µs (3.1 TB/s),
-    the time SDPA takes over the same bytes. On the interpreter, whose bf16 ``tl.dot`` is wrong: dot = 1 and 8
-    programs, enough to exercise the merge. ``PATHLAB_DECODE_ATTEND="block,warps,stages,per_sm,dot"`` overrides
-    it (``benchmarks/sweep_decode_attend.py`` measures the choices); a leading part may be given alone.
+    Default: blocks of 64 keys (32 above head dim 64), 4 warps, 3 stages (the loads are pipelined), 16 programs per
+    SM (over batch × kv heads × splits), products in the caches' own dtype (dot = 2), which reads the keys as fast
+    as SDPA reads the same bytes. Under the interpreter, whose bf16 ``tl.dot`` is wrong: dot = 1 and 8 programs,
+    enough to exercise the merge. ``config.decode_attend`` overrides a leading part of (block, warps, stages,
+    programs per SM) and ``config.decode_native`` the products (``benchmarks/sweep_decode_attend.py`` measures
+    the choices).
     """
     cuda = device.type == "cuda"
-    default = [64 if head_dim <= 64 else 32, 4, 3, 16, 2 if cuda else 1]
-    env = os.environ.get("PATHLAB_DECODE_ATTEND", "")
-    if env:
-        parts = [int(x) if x.strip().isdigit() else -1 for x in env.split(",")]
-        if (not 1 <= len(parts) <= 5 or any(x < 1 for x in parts[:4]) or parts[0] & (parts[0] - 1)
-                or parts[4:] not in ([], [0], [1], [2])):
-            raise ValueError(f"PATHLAB_DECODE_ATTEND must be 'block[,warps[,stages[,per_sm[,dot]]]]' with a "
-                             f"power-of-two block, positive integers and dot 0, 1 or 2, got {env!r}")
-        default[:len(parts)] = parts
-    block, warps, stages, per_sm, dot = default
+    block, warps, stages, per_sm = launch(config.decode_attend, (64 if head_dim <= 64 else 32, 4, 3, 16))
+    dot = 2 if pick(config.decode_native, cuda) else 1
     if cuda:
         programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     else:
@@ -417,11 +375,12 @@ class DeferredWorkspace:
     both on prefill and reset (:meth:`set_pos`).
     """
 
-    def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device):
+    def __init__(self, batch, n_kv_heads, group, head_dim, value_dim, max_len, defer, device,
+                 config: KernelConfig | None = None):
         device = torch.device(device)
         bh = batch * n_kv_heads
-        config = attend_config(head_dim, device)
-        self.block, self.attend_warps, self.attend_stages, programs, self.attend_dot = config
+        launch_config = attend_config(head_dim, device, config or DEFAULT)
+        self.block, self.attend_warps, self.attend_stages, programs, self.attend_dot = launch_config
         self.max_split = max(1, min(triton.cdiv(max_len, self.block), triton.cdiv(programs, bh)))
         self.n_slots = 1 + self.max_split
         self.rp = _pow2(max(defer, 2))  # rows of the recent-key tile
@@ -495,18 +454,17 @@ def deferred_step_triton(ws, k_attend, v_cache, G, M, rk, q, k, v, w, beta, g, s
 def attend(keys, values, gc, qt, m, l, acc, pos, max_len, n_slots, bh, splits, *, group, has_gate, block, warps,
            stages, dot):
     """Launch the split-K attention over the base keys: ``splits`` programs per (batch, kv head), each writing the
-    partial (max, sum, Σ p v) of its slot. ``dot``: 0 CUDA cores (``_deferred_attend_kernel``), 1 tensor cores in
-    3-pass TF32, 2 tensor cores in the caches' own fp16/bf16 where they have it (``_deferred_attend_dot_kernel``)."""
+    partial (max, sum, Σ p v) of its slot (``_deferred_attend_dot_kernel``). ``dot``: 1 tensor cores in 3-pass
+    TF32, 2 tensor cores in the caches' own fp16/bf16 where they have it."""
     D, DV = keys.shape[-1], values.shape[-1]
     common = dict(HAS_GATE=has_gate, BLOCK=block, D=D, DV=DV, num_warps=warps, num_stages=stages)
     args = (keys, values, gc, qt, m, l, acc, pos, max_len, n_slots)
-    if dot:
-        half = (torch.float16, torch.bfloat16)
-        _deferred_attend_dot_kernel[(bh, splits)](*args, GROUP=group, GP=max(16, _pow2(group)),
-                                                  NATIVE_K=dot == 2 and keys.dtype in half,
-                                                  NATIVE_V=dot == 2 and values.dtype in half, **common)
-    else:
-        _deferred_attend_kernel[(bh, splits)](*args, GROUP=group, **common)
+    if dot not in (1, 2):
+        raise ValueError(f"dot must be 1 (3-pass TF32) or 2 (the caches' 16-bit dtype), got {dot!r}")
+    half = (torch.float16, torch.bfloat16)
+    _deferred_attend_dot_kernel[(bh, splits)](*args, GROUP=group, GP=max(16, _pow2(group)),
+                                              NATIVE_K=dot == 2 and keys.dtype in half,
+                                              NATIVE_V=dot == 2 and values.dtype in half, **common)
 
 
 def fold_triton(ws, k_master, k_shadow, M, rk, n, base):

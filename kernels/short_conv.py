@@ -18,33 +18,21 @@ result does not depend on the order in which programs finish).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ._mode import unwritten
+from .config import KernelConfig
+from .runtime import unwritten
 
-# (steps, channels, warps) of a program's tile: the fastest forward+backward of ten on an H200 at the owt16
-# shape (x [64, 512, 768] bf16: 0.234 ms, the backward 0.176 of it; 0.305 at (16, 128, 4), 0.32 for the compiled
-# PyTorch expression; benchmarks/results/short-conv-tiles-h200-*.json). With 64 steps and 4 warps the backward,
-# which holds x and dy at several shifts, spilled 9 KB of registers when built by Triton 3.6 for sm_90.
-# ``PATHLAB_SHORT_CONV_TILE="steps,channels,warps"`` overrides it, for measurements.
+# (steps, channels, warps) of a program's tile: the fastest forward+backward measured at the model's shape
+# (x [64, 512, 768] bf16); with 64 steps and 4 warps the backward, which holds x and dy at several shifts, spilled
+# registers. ``KernelConfig.short_conv_tile`` overrides it, for measurements.
 TILE = (8, 64, 2)
 
 
-def _tile():
-    env = os.environ.get("PATHLAB_SHORT_CONV_TILE")
-    if not env:
-        return TILE
-    try:
-        tile = tuple(int(x) for x in env.split(","))
-    except ValueError:
-        tile = ()
-    if len(tile) != 3 or any(x < 1 or x & (x - 1) for x in tile):
-        raise ValueError(f"PATHLAB_SHORT_CONV_TILE must be three powers of two 'steps,channels,warps', got {env!r}")
-    return tile
+def _tile(config):
+    return TILE if config is None or config.short_conv_tile is None else config.short_conv_tile
 
 
 @triton.jit
@@ -119,12 +107,12 @@ def _short_conv_silu_bwd_kernel(X, F, DY, DX, DF, T, C, sx_b, sx_t, sdy_b, sdy_t
         tl.store(df + k, tl.sum(g * _shifted(x, t - (K - 1) + k, c, live_c, T, sx_t), axis=0), mask=live_c)
 
 
-def short_conv_silu_launch(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+def short_conv_silu_launch(x: torch.Tensor, taps: torch.Tensor, config: KernelConfig | None = None) -> torch.Tensor:
     """y = silu(causal depthwise conv(x, taps)); x ``[B, T, C]`` with unit channel stride, taps ``[C, K]``
-    contiguous. Returns a contiguous y of x's dtype."""
+    contiguous. Returns a contiguous y of x's dtype. ``config``: its ``short_conv_tile`` (None: ``TILE``)."""
     B, T, C = x.shape
     y = unwritten((B, T, C), dtype=x.dtype, device=x.device)
-    block_t, block_c, warps = _tile()
+    block_t, block_c, warps = _tile(config)
     if y.numel():
         _short_conv_silu_fwd_kernel[(B * triton.cdiv(T, block_t), triton.cdiv(C, block_c))](
             x, taps, y, T, C, x.stride(0), x.stride(1), K=taps.shape[1], BLOCK_T=block_t, BLOCK_C=block_c,
@@ -132,12 +120,13 @@ def short_conv_silu_launch(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def short_conv_silu_backward_launch(x: torch.Tensor, taps: torch.Tensor, dy: torch.Tensor):
+def short_conv_silu_backward_launch(x: torch.Tensor, taps: torch.Tensor, dy: torch.Tensor,
+                                    config: KernelConfig | None = None):
     """(dx ``[B, T, C]`` contiguous of x's dtype, dtaps ``[C, K]`` fp32) for y = short_conv_silu(x, taps); x and
     dy with unit channel stride, taps contiguous."""
     B, T, C = x.shape
     K = taps.shape[1]
-    block_t, block_c, warps = _tile()
+    block_t, block_c, warps = _tile(config)
     grid = (B * triton.cdiv(T, block_t), triton.cdiv(C, block_c))
     dx = unwritten((B, T, C), dtype=x.dtype, device=x.device)
     parts = unwritten((grid[0], C, K), dtype=torch.float32, device=x.device)

@@ -126,13 +126,15 @@ class PathDecodeCache:
             :meth:`graph_inputs`), replays it and returns a clone of the static output. The fold (every R steps)
             runs eagerly between replays. The step's counters live on the device, so the one graph is right at
             every position; :meth:`reset` and :meth:`prefill` keep it valid.
+        kernel_config: a :class:`pathlab.kernels.KernelConfig` for the Triton step's attention launch
+            (``decode_attend``, ``decode_native``; benchmarks and tests); None: chosen by the code.
 
     ``w`` passed to :meth:`prefill` and :meth:`step` is the raw direction: it is normalised here in fp32.
     """
 
     def __init__(self, batch, n_kv_heads, max_len, head_dim, value_dim, *, n_heads=None, device=None,
                  dtype=torch.float32, value_dtype=None, use_triton=None, defer=32, shadow_dtype="auto",
-                 cuda_graph=False):
+                 cuda_graph=False, kernel_config=None):
         for name, x in (("batch", batch), ("n_kv_heads", n_kv_heads), ("max_len", max_len),
                         ("head_dim", head_dim), ("value_dim", value_dim)):
             if not isinstance(x, int) or x < 1:
@@ -181,7 +183,7 @@ class PathDecodeCache:
                 from pathlab.kernels.decode import DeferredWorkspace
 
                 self._ws = DeferredWorkspace(batch, n_kv_heads, n_heads // n_kv_heads, head_dim, value_dim,
-                                             max_len, defer, self.k.device)
+                                             max_len, defer, self.k.device, kernel_config)
         if cuda_graph:
             if self.k.device.type != "cuda":
                 raise ValueError(f"cuda_graph=True needs a CUDA device; the cache is on {self.k.device}")

@@ -261,6 +261,8 @@ def evaluate(run_dir, lengths, *, n_windows: int | None = None, seed: int | None
     ``n_windows``/``seed`` default to the run config's ``eval`` section; ``device`` to CUDA when available;
     ``out`` to the run directory; ``ntk`` to True for RoPE runs. Returns the eval.json dict.
     """
+    from pathlab.attention.registry import attention_class
+    from pathlab.attention.rope import RoPE
     from pathlab.train import load_run
 
     run_dir = Path(run_dir)
@@ -276,7 +278,7 @@ def evaluate(run_dir, lengths, *, n_windows: int | None = None, seed: int | None
                          f"now holds {meta['tokenizer']['name']!r} tokens; prepare the run's corpus again")
     check_corpus(cfg, meta)  # a rebuilt corpus (other package versions) would change the answer silently
     train_length = int(cfg["data"]["block_size"])
-    is_rope = cfg["model"]["attention"] == "rope"
+    is_rope = issubclass(attention_class(cfg["model"]["attention"]), RoPE)
     if ntk and not is_rope:
         raise ValueError(f"ntk: NTK scaling applies to RoPE models, this run uses {cfg['model']['attention']!r}")
     val = load_tokens(corpus, "val", vocab_size=meta["tokenizer"]["vocab_size"])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pathlab._checks import debug_enabled
-from pathlab.attention.registry import REGISTRY, build_attention
+from pathlab.attention.registry import REGISTRY, attention_class, build_attention
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
             raise ValueError(f"ModelConfig.init_std must be positive, got {self.init_std!r}")
-        if (self.attention == "rope" or self.attention.startswith("rot_")) and self.head_dim % 2:
+        if attention_class(self.attention).even_head_dim and self.head_dim % 2:
             raise ValueError(f"attention {self.attention!r} needs an even head dim, got {self.head_dim}")
 
     @property

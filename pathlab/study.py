@@ -40,7 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from pathlab.atomic import atomic_write_bytes

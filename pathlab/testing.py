@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
 import torch.nn.functional as F
 
@@ -57,21 +53,6 @@ def assert_matches_reference(fast, reference, inputs, tol: float, names) -> None
     grads_ref = torch.autograd.grad(out_ref, ref_inputs, d_out, allow_unused=True, materialize_grads=True)
     for name, got, want in zip(names, grads, grads_ref):
         assert grad_err(got, want) < tol, f"d{name}: {grad_err(got, want):.2e}"
-
-
-def assert_backend_variable(module: str, attribute: str, variable: str) -> None:
-    """``variable`` (read when ``module`` is imported, into ``module.attribute``) chooses "triton" or "torch" on
-    CUDA: "torch" is taken, unset gives the default "triton" (or what the environment already has), and any other
-    value stops the import with a message that names both choices. Each in a fresh interpreter."""
-    code = f"import {module} as m; print(m.{attribute})"
-
-    def run(**env):
-        return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
-
-    assert run(**{variable: "torch"}).stdout.strip() == "torch"
-    assert run().stdout.strip() == os.environ.get(variable, "triton")
-    bad = run(**{variable: "cuda"})
-    assert bad.returncode != 0 and f"{variable} must be 'triton' or 'torch'" in bad.stderr
 
 
 def train_on_repeated_pattern(model, steps: int, *, lr: float = 3e-3, seed: int = 1, check=None) -> list[float]:

@@ -154,16 +154,19 @@ def test_torch_steps_fp32_with_fp16_shadow_within_rounding_bound(defer, gate, D)
 @pytest.mark.parametrize("defer,gate,D,shadow", [
     (3, True, 16, None), (4, False, 16, torch.float16), (1, True, 16, torch.float16), (32, False, 64, torch.float16),
 ], ids=["R3-fox-D16-noshadow", "R4-path-D16-fp16", "R1-fox-D16-fp16", "R32-path-D64-fp16"])
-@pytest.mark.parametrize("dot", [0, 1, 2], ids=["cuda-cores", "tensor-cores-tf32", "tensor-cores-native"])
-def test_triton_deferred_step_matches_torch_step(defer, gate, D, shadow, dot, monkeypatch):
-    # the split-K attention on CUDA cores or tensor cores (the other launch settings at their defaults)
-    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", f"64,4,3,16,{dot}")  # 2: fp16 shadow keys native, fp32 values TF32
+@pytest.mark.parametrize("dot", [1, 2], ids=["tensor-cores-tf32", "tensor-cores-native"])
+def test_triton_deferred_step_matches_torch_step(defer, gate, D, shadow, dot):
+    # the split-K attention's products in 3-pass TF32 or in the caches' dtype (2: fp16 shadow keys native, fp32
+    # values TF32); the other launch settings at their defaults
+    from pathlab.kernels import KernelConfig
+
+    config = KernelConfig(decode_native=dot == 2)
     B, H, Hkv, DV = 1, 4, 2, 32  # grouped heads; the base keys span several splits and key blocks
     T0, steps = 70, (defer + 1 if defer > 4 else 9)  # R = 1: 9 folds, 3: 3, 4: 2 and one pending, 32: 1 and one
     T = T0 + steps
     inputs = make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=5)
-    caches = [PathDecodeCache(B, Hkv, T, D, DV, n_heads=H, defer=defer, shadow_dtype=shadow, use_triton=use)
-              for use in (True, False)]
+    caches = [PathDecodeCache(B, Hkv, T, D, DV, n_heads=H, defer=defer, shadow_dtype=shadow, use_triton=use,
+                              kernel_config=config) for use in (True, False)]
     assert caches[0].use_triton and caches[0].shadow_dtype == shadow and caches[0]._ws.attend_dot == dot
     o_tri, o_torch = (generate(c, inputs, T0) for c in caches)
     assert caches[0].base == caches[1].base > T0  # folded at least once
@@ -228,8 +231,7 @@ def test_triton_step_counters_on_device_launch_alike_at_every_step(defer, gate, 
     T = T0 + steps
     max_len = T + 300  # the split-K grid is sized from max_len: 4 splits, of which at most 2 hold keys here
     inputs = make(B, T, H, Hkv, D, DV, torch.float32, gate, seed=7)
-    kernels = ("_deferred_prep_kernel", "_deferred_attend_kernel", "_deferred_attend_dot_kernel",
-               "_deferred_merge_kernel")
+    kernels = ("_deferred_prep_kernel", "_deferred_attend_dot_kernel", "_deferred_merge_kernel")
     logs = {name: [] for name in kernels}
     for name, log in logs.items():
         monkeypatch.setattr(decode, name, _LaunchLog(getattr(decode, name), log))
@@ -256,8 +258,6 @@ def test_triton_step_counters_on_device_launch_alike_at_every_step(defer, gate, 
     assert min(live) < ws.max_split and max(live) >= 1  # splits past the live keys, and splits with keys
     if T0 == 0:
         assert live[0] == 0  # the first step has no base keys at all: every split is empty
-    unused = "_deferred_attend_kernel" if ws.attend_dot else "_deferred_attend_dot_kernel"
-    assert logs.pop(unused) == []  # one of the two attention kernels serves every step
     for name, log in logs.items():
         assert len(log) == steps, name
         assert len(set(log)) == 1, f"{name}: {len(set(log))} different launches over {steps} steps"
@@ -413,28 +413,23 @@ def test_attend_sweep_checks_every_config_on_cpu():
     spec = importlib.util.spec_from_file_location("sweep_decode_attend", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    result = sweep.sweep(150, 2, 16, [32, 64], [4], [1], [2, 4], dots=[0, 1], device="cpu")
+    result = sweep.sweep(150, 2, 16, [32, 64], [4], [1], [2, 4], dots=[1], device="cpu")
     assert [(r["dot"], r["block"], r["splits"]) for r in result["rows"]] == [
-        (dot, block, splits) for dot in (0, 1) for block in (32, 64) for splits in (1, 2)]
+        (1, block, splits) for block in (32, 64) for splits in (1, 2)]
     assert all(r["rel_err"] < 1e-5 for r in result["rows"])
     # products in the caches' own dtype, query and P in two parts: fp16 here (the interpreter's bf16 tl.dot is wrong)
     (row,) = sweep.sweep(150, 2, 16, [32], [4], [1], [2], dots=[2], device="cpu", value_dtype=torch.float16)["rows"]
     assert row["rel_err"] < 1e-5
 
 
-def test_attend_config_reads_the_environment(monkeypatch):
+def test_attend_config_takes_the_kernel_config():
+    from pathlab.kernels import KernelConfig
     from pathlab.kernels.decode import attend_config
 
     cpu = torch.device("cpu")
-    monkeypatch.delenv("PATHLAB_DECODE_ATTEND", raising=False)
     assert attend_config(64, cpu) == (64, 4, 3, 8, 1) and attend_config(128, cpu)[0] == 32  # TF32 on the CPU
-    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "128,8")
-    assert attend_config(64, cpu) == (128, 8, 3, 8, 1)
-    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,0")
-    assert attend_config(64, cpu) == (64, 4, 3, 8, 0)
-    monkeypatch.setenv("PATHLAB_DECODE_ATTEND", "64,4,3,16,2")
-    assert attend_config(64, cpu) == (64, 4, 3, 8, 2)
-    for bad in ("96", "64,0", "1,2,3,4,3", "1,2,3,4,1,1", "x"):
-        monkeypatch.setenv("PATHLAB_DECODE_ATTEND", bad)
-        with pytest.raises(ValueError, match="PATHLAB_DECODE_ATTEND must be"):
-            attend_config(64, cpu)
+    assert attend_config(64, cpu, KernelConfig(decode_attend=(128, 8))) == (128, 8, 3, 8, 1)
+    assert attend_config(64, cpu, KernelConfig(decode_native=True)) == (64, 4, 3, 8, 2)
+    for bad in ((96,), (64, 0), (1, 2, 3, 4, 3)):
+        with pytest.raises(ValueError, match="decode_attend must be"):
+            KernelConfig(decode_attend=bad)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines; the GPU runs test_kernels_gpu.py"
 )
 
-from pathlab.kernels import path_attention_triton  # noqa: E402
+from pathlab.kernels import KernelConfig, path_attention_triton  # noqa: E402
 from pathlab.reference import path_attention as reference  # noqa: E402
 
 
@@ -40,11 +40,11 @@ def make(B, T, H, Hkv, D, DV, dtype, *, beta_range=(0.0, 2.0), gate=True, w_dtyp
     return q, k, v, w, beta, g
 
 
-def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3, ut="torch"):
+def compare(inputs, *, tol, cu_seqlens=None, block_size=16, programs=3, ut="torch", config=None):
     q, k, v, w, beta, g = inputs
     leaves = [t.detach().requires_grad_() for t in (q, k, v, w, beta) + ((g,) if g is not None else ())]
-    o = path_attention_triton(*leaves[:5], leaves[5] if g is not None else None,
-                              cu_seqlens=cu_seqlens, block_size=block_size, programs=programs, ut=ut)
+    o = path_attention_triton(*leaves[:5], leaves[5] if g is not None else None, cu_seqlens=cu_seqlens,
+                              block_size=block_size, programs=programs, ut=ut, config=config)
     do = torch.randn_like(o.float())
     got = [o] + list(torch.autograd.grad(o, leaves, do.to(o.dtype)))
 
@@ -98,7 +98,7 @@ def test_fused_ut_transform_matches_reference(B, T, H, Hkv, D, DV, dtype, gate, 
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"])
 def test_fused_ut_transform_with_16_bit_w(ut):
     """w in fp16 (the language model passes w in its autocast dtype): the inverse kernel forms W Wᵀ in one pass
-    on the 16-bit rows (``_triton_ut.gram_on_16_bit_rows``), β near 2."""
+    on the 16-bit rows (``ut_common.gram_on_16_bit_rows``), β near 2."""
     inputs = make(1, 100, 2, 2, 32, 32, torch.float16, beta_range=(1.9, 2.0), w_dtype=torch.float16)
     compare(inputs, tol=5e-3, block_size=32, ut=ut)
 
@@ -111,44 +111,37 @@ V_LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("v_rows", ["1", "0"], ids=["v-in-place", "v-chunk-copy"])
-@pytest.mark.parametrize("delta", ["kernel", "pass"])
+@pytest.mark.parametrize("v_rows", [True, False], ids=["v-in-place", "v-chunk-copy"])
+@pytest.mark.parametrize("delta_pass", [False, True], ids=["delta-in-kernel", "delta-pass"])
 @pytest.mark.parametrize("T,v_layout,packed", [(32, "fused-projection", None), (45, "time-slice", None),
                                                (48, "fused-projection", [16, 32])],
                          ids=["whole-chunks", "padded", "packed-whole-chunks"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"])
-def test_fused_routes_keep_o_and_do_in_place(monkeypatch, ut, T, v_layout, packed, delta, v_rows):
+def test_fused_routes_keep_o_and_do_in_place(ut, T, v_layout, packed, delta_pass, v_rows):
     """On the fused routes the scan writes o and reads dO in ``[B, T, H, Dv]``: the chunk layout's rows looked
     up in the token index where the layout has padding, computed where it has none (every sequence a whole number
-    of chunks, packed or not); v, not contiguous, read in v's layout too (``PATHLAB_PATH_V_ROWS=1``, the default
-    for short sequences at D <= 64) or copied into chunks (``0``), dv summed in chunks and copied back; δ formed
-    in the kernel or before it."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
-    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", v_rows)
+    of chunks, packed or not); v, not contiguous, read in v's layout too (``v_rows``, the default for short
+    sequences at D <= 64) or copied into chunks, dv summed in chunks and copied back; δ formed in the kernel or
+    before it."""
+    config = KernelConfig(v_rows=v_rows, delta_pass=delta_pass)
     B = 1 if packed else 2
     q, k, v, w, beta, g = make(B, T, 4, 2, 32, 16, torch.float32, gate=True)
     v = V_LAYOUTS[v_layout](v)
     assert not v.is_contiguous()
     cu = None if packed is None else torch.tensor([0] + torch.tensor(packed).cumsum(0).tolist(), dtype=torch.int32)
-    compare((q, k, v, w, beta, g), tol=1e-5, block_size=16, cu_seqlens=cu, ut=ut)
+    compare((q, k, v, w, beta, g), tol=1e-5, block_size=16, cu_seqlens=cu, ut=ut, config=config)
 
 
-def test_v_rows_policy(monkeypatch):
+def test_v_rows_policy():
     """v read in its own layout at head dims up to 64 in sequences of fewer than 64 chunks, copied into chunks
-    otherwise, unless forced; a bad value is a clear error."""
-    from pathlab.kernels.path import v_in_token_rows
+    otherwise, unless a config pins it."""
+    from pathlab.kernels.scan import v_in_token_rows
 
-    monkeypatch.delenv("PATHLAB_PATH_V_ROWS", raising=False)
     assert v_in_token_rows(64, 64, 8) and v_in_token_rows(16, 32, 63)
     assert not v_in_token_rows(64, 64, 64)
     assert not v_in_token_rows(128, 128, 8) and not v_in_token_rows(64, 128, 8)
-    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "1")
-    assert v_in_token_rows(128, 128, 256)
-    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "0")
-    assert not v_in_token_rows(64, 64, 8)
-    monkeypatch.setenv("PATHLAB_PATH_V_ROWS", "yes")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_V_ROWS"):
-        v_in_token_rows(64, 64, 8)
+    assert v_in_token_rows(128, 128, 256, KernelConfig(v_rows=True))
+    assert not v_in_token_rows(64, 64, 8, KernelConfig(v_rows=False))
 
 
 def test_forward_states_rows_never_overlap():
@@ -157,7 +150,7 @@ def test_forward_states_rows_never_overlap():
     meet and stay below ``state_rows`` minus its spare row; with equal lengths every row is used."""
     import random
 
-    from pathlab.kernels._layout import state_base, state_rows
+    from pathlab.kernels.layout import state_base, state_rows
 
     rng = random.Random(0)
     for trial in range(200):
@@ -177,40 +170,33 @@ def test_forward_states_rows_never_overlap():
             assert len(used) == state_rows(first, max_chunks) - 1, (max_chunks, lengths)
 
 
-def test_forward_states_policy(monkeypatch):
-    """The forward keeps its carried states when no sequence spans more than 16 chunks, unless forced on or off;
-    a bad value is a clear error."""
-    from pathlab.kernels.path import forward_states
+def test_forward_states_policy():
+    """The forward keeps its carried states when no sequence spans more than 16 chunks, unless a config pins it."""
+    from pathlab.kernels.scan import forward_states
 
-    monkeypatch.delenv("PATHLAB_PATH_FWD_STATES", raising=False)
     assert forward_states(1) and forward_states(16) and not forward_states(17)
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    assert forward_states(1024)
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "0")
-    assert not forward_states(2)
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "on")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_FWD_STATES"):
-        forward_states(2)
+    assert forward_states(1024, KernelConfig(forward_states=True))
+    assert not forward_states(2, KernelConfig(forward_states=False))
 
 
-@pytest.mark.parametrize("states", ["1", "0"], ids=["forward-states", "replayed-states"])
+@pytest.mark.parametrize("states", [True, False], ids=["forward-states", "replayed-states"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_saving_route_with_and_without_the_forward_states(monkeypatch, states, dtype):
+def test_saving_route_with_and_without_the_forward_states(states, dtype):
     """The saving route with the backward reading the forward's carried states or replaying them, on packed
     sequences of different lengths, the last a single chunk (its item reads the spare row), with the gate."""
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", states)
     lengths = [50, 16, 97, 33, 9]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = make(1, sum(lengths), 4, 2, 16, 32, dtype, gate=True)
-    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=3, ut="triton_saved")
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, cu_seqlens=cu, programs=3, ut="triton_saved",
+            config=KernelConfig(forward_states=states))
 
 
 def test_backward_reads_the_forward_states():
     """The scan backward given the forward's states returns what it returns when it replays them, and it does
     read them: zeroed states change dq̃ and dk̃."""
-    from pathlab.kernels._layout import build_layout, slot_tokens, state_rows, to_chunks
-    from pathlab.kernels._triton_ut import ut_forward
-    from pathlab.kernels.path import _scan_bwd_impl, _scan_fwd_impl
+    from pathlab.kernels.layout import build_layout, slot_tokens, state_rows, to_chunks
+    from pathlab.kernels.scan import _scan_bwd_impl, _scan_fwd_impl
+    from pathlab.kernels.ut_forward import ut_forward
 
     B, T, H, D, BT = 2, 75, 2, 16, 16
     q, k, v, w, beta, g = make(B, T, H, H, D, D, torch.float32, gate=False)
@@ -236,15 +222,15 @@ def test_saving_route_without_gradients_keeps_nothing(monkeypatch):
     """Without a backward to come (no input needs a gradient, or grad mode off, as in evaluation) the saving route
     runs the recomputing route's forward: the same output, and no factors or carried states made. The recomputing
     route's forward keeps no states either; the saving route with gradients does."""
-    from pathlab.kernels import path as path_module
+    from pathlab.kernels import fused
 
-    forward_scan, calls = path_module._scan_fwd_impl, []
+    forward_scan, calls = fused._scan_fwd_impl, []
 
     def watched(*args, **kwargs):  # which route, and whether the scan keeps its carried states
         calls.append(kwargs.get("states") is not None)
         return forward_scan(*args, **kwargs)
 
-    monkeypatch.setattr(path_module, "_scan_fwd_impl", watched)
+    monkeypatch.setattr(fused, "_scan_fwd_impl", watched)
     q, k, v, w, beta, g = make(1, 70, 2, 2, 16, 16, torch.float32, gate=True)
     want = path_attention_triton(q, k, v, w, beta, g, block_size=16, ut="triton")
     for grad_mode, needs_grad in [(False, True), (True, False)]:
@@ -264,7 +250,7 @@ def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
     gradient: autograd must not fill a zero tensor for each of them in every backward."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pathlab.kernels._layout import state_rows
+    from pathlab.kernels.layout import state_rows
 
     class ZeroFills(TorchDispatchMode):
         """Zero fills outside the ops (autograd's, for outputs without a gradient) and the ops called."""
@@ -294,42 +280,36 @@ def test_backward_fills_no_zero_gradients_for_internal_outputs(ut):
     assert not internal & set(fills.shapes), fills.shapes
 
 
-@pytest.mark.parametrize("prefetch, snake", [("0", "1"), ("1", "0")], ids=["no-prefetch", "prefetch-no-snake"])
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 2, 7)])
-def test_backward_with_and_without_prefetch(monkeypatch, prefetch, snake, B, T, H, Hkv, D, DV, dtype, gate,
-                                            beta_range, block):
-    """The λ scan loading the next carried state one pair ahead or not (``PATHLAB_PATH_BWD_PREFETCH``; on by
-    default at D ≤ 64, off at D = 128), and the work items dealt in one direction instead of the default snake
-    (``PATHLAB_PATH_BWD_SNAKE``), on gated and ungated inputs."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", prefetch)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_SNAKE", snake)
+def test_backward_without_prefetch(B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
+    """The λ scan without loading the next carried state a pair ahead (``scan.prefetch``: on at D ≤ 64, off at
+    D = 128, the route pinned here at small D), on gated and ungated inputs."""
     inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
-    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block)
+    compare(inputs, tol=1e-5 if dtype == torch.float32 else 5e-3, block_size=block,
+            config=KernelConfig(prefetch=False))
 
 
-@pytest.mark.parametrize("ahead", ["0", "1"], ids=["gate-where-used", "gate-a-pair-ahead"])
 @pytest.mark.parametrize("T", [16, 17, 100], ids=["one-chunk", "two-chunks", "seven-chunks"])
-def test_forward_gate_loaded_ahead_or_where_used(monkeypatch, ahead, T):
-    """The forward loads each chunk pair's gate one pair ahead (``PATHLAB_PATH_FWD_GATE_AHEAD``, default on) or
-    where it is used: both match the fp64 reference, from a single chunk (no pair) to several."""
-    monkeypatch.setenv("PATHLAB_PATH_FWD_GATE_AHEAD", ahead)
+def test_forward_gate_loaded_a_pair_ahead(T):
+    """The forward loads each chunk pair's gate one pair ahead: it matches the fp64 reference from a single chunk
+    (no pair) to several."""
     compare(make(2, T, 4, 2, 16, 16, torch.float32, gate=True), tol=1e-5, block_size=16)
 
 
-@pytest.mark.parametrize("delta", ["kernel", "pass", "torch"])
+@pytest.mark.parametrize("delta_pass", [False, True], ids=["delta-in-kernel", "delta-pass"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_delta_inside_or_before_the_backward_scan(monkeypatch, delta, gate):
-    """δ = rowsum(dO ∘ o) computed by the backward scan from o, or before it by a Triton pass or by PyTorch
-    (``PATHLAB_PATH_BWD_DELTA``), with and without the gate: all match the fp64 reference."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
-    compare(make(2, 45, 4, 2, 32, 16, torch.float32, gate=gate), tol=1e-5, block_size=16)
+def test_delta_inside_or_before_the_backward_scan(delta_pass, gate):
+    """δ = rowsum(dO ∘ o) computed by the backward scan from o, or before it by a Triton pass
+    (``scan.delta_pass``), with and without the gate: both match the fp64 reference."""
+    compare(make(2, 45, 4, 2, 32, 16, torch.float32, gate=gate), tol=1e-5, block_size=16,
+            config=KernelConfig(delta_pass=delta_pass))
 
 
 # Large |q|·|k| saturates the softmax: a row's weight sits on one key (at ×200 the others underflow to exactly 0),
 # so the true dq, dk, dw, dβ, dg are ~0. With δ = dO · o summed in an order of its own, dS = P ∘ (dP − δ) kept the
 # rounding difference of two equal sums, ε·|dP|, which dq then multiplied by |k|, dk by |q| and dw, dβ (through
 # S_d and the UT backward) by |q|·|k|: at ×200 dβ came out at 0.9–1.2 (relative to the floor of ``rel_rms``), dw
-# at 0.4, at ×50 dβ at 0.06–0.08. δ as the diagonal of the product that forms dP (``_triton_path``, "δ") leaves
+# at 0.4, at ×50 dβ at 0.06–0.08. δ as the diagonal of the product that forms dP (``scan_backward_by_chunk``) leaves
 # dS = 0 there: at ×200 every gradient but dv is then ~1e-100. What stays at ×50 is the rounding of logits of size
 # |q|·|k|/√D ≈ 2500 in rows whose gap to their second key is a few tens of nats (their gradient ~e^{−gap} is
 # exact only to that rounding): 0.8–1.9e-2 in dβ, as the blockwise PyTorch path in fp32 (0.3–0.8e-2); in fp16 the
@@ -342,34 +322,30 @@ LARGE_NORMS = [pytest.param(torch.float32, 50, 3e-2, id="fp32-x50"),
 
 
 @pytest.mark.parametrize("dtype,norm,tol", LARGE_NORMS)
-@pytest.mark.parametrize("delta", ["kernel", "pass"])
+@pytest.mark.parametrize("delta_pass", [False, True], ids=["delta-in-kernel", "delta-pass"])
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"])
-def test_large_query_and_key_norms(monkeypatch, ut, delta, dtype, norm, tol):
+def test_large_query_and_key_norms(ut, delta_pass, dtype, norm, tol):
     """q and k scaled ×50 and ×200 (PaTH-FoX, grouped heads, B = 2 so that the saving route's backward runs by
     sequence), the output and every gradient against the fp64 reference by relative RMS error (``rel_rms``)."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", delta)
     q, k, v, w, beta, g = make(2, 40, 2, 1, 16, 16, dtype, gate=True)
-    compare((q * norm, k * norm, v, w, beta, g), tol=tol, block_size=16, ut=ut)
+    compare((q * norm, k * norm, v, w, beta, g), tol=tol, block_size=16, ut=ut,
+            config=KernelConfig(delta_pass=delta_pass))
 
 
-def test_delta_setting(monkeypatch):
-    from pathlab.kernels.path import _delta_mode
+def test_delta_policy():
+    """δ by a pass before the scan with the gate on sequences of 64 chunks or more, else in the scan, unless a
+    config pins it."""
+    from pathlab.kernels.scan import delta_pass
 
-    monkeypatch.delenv("PATHLAB_PATH_BWD_DELTA", raising=False)
-    assert _delta_mode(False, 256) == "kernel" and _delta_mode(True, 63) == "kernel"
-    assert _delta_mode(True, 64) == "pass"
-    for value in ("torch", "pass", "kernel"):
-        monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", value)
-        assert _delta_mode(False, 1) == value and _delta_mode(True, 256) == value
-    monkeypatch.setenv("PATHLAB_PATH_BWD_DELTA", "before")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_DELTA must be one of"):
-        _delta_mode(False, 1)
+    assert not delta_pass(False, 256) and not delta_pass(True, 63) and delta_pass(True, 64)
+    assert delta_pass(False, 1, KernelConfig(delta_pass=True))
+    assert not delta_pass(True, 256, KernelConfig(delta_pass=False))
 
 
 def test_delta_pass_matches_its_definition():
     """The Triton δ pass against rowsum(dO ∘ o) in fp64, on a row count that is not a multiple of its block
     (masked tail) and fp16 inputs (summed in fp32)."""
-    from pathlab.kernels.path import _delta
+    from pathlab.kernels.scan import _delta
 
     do, o = torch.randn(3, 37, 5, 32).half(), torch.randn(3, 37, 5, 32).half()
     want = (do.double() * o.double()).sum(-1)
@@ -381,14 +357,14 @@ def test_delta_pass_matches_its_definition():
 @pytest.mark.parametrize("B,T,H,Hkv,D,DV,dtype,gate,beta_range,block", [CASES[i] for i in (1, 3)])
 def test_recomputing_backward_in_head_groups(monkeypatch, B, T, H, Hkv, D, DV, dtype, gate, beta_range, block):
     """The recomputing backward one kv head (and its query heads) at a time, as it runs for long sequences
-    (``_recompute.head_groups``), forced here at short ones: each group's gradients land in their heads."""
-    from pathlab.kernels import _recompute
+    (``fused.head_groups``), forced here at short ones: each group's gradients land in their heads."""
+    from pathlab.kernels import fused
 
-    monkeypatch.setattr(_recompute, "GROUPS_FROM_CHUNKS", 1)
-    monkeypatch.setattr(_recompute, "group_budget_bytes", lambda: 1)  # every kv head its own group
+    monkeypatch.setattr(fused, "GROUPS_FROM_CHUNKS", 1)
+    monkeypatch.setattr(fused, "group_budget_bytes", lambda: 1)  # every kv head its own group
     calls = []
-    whole = _recompute._bwd_heads
-    monkeypatch.setattr(_recompute, "_bwd_heads", lambda *a: calls.append(a[2].shape[2]) or whole(*a))
+    whole = fused._bwd_heads
+    monkeypatch.setattr(fused, "_bwd_heads", lambda *a: calls.append(a[2].shape[2]) or whole(*a))
     inputs = make(B, T, H, Hkv, D, DV, dtype, beta_range=beta_range, gate=gate)
     compare(inputs, tol=1e-5, block_size=block, ut="triton")
     assert calls == [1] * Hkv
@@ -400,11 +376,10 @@ def test_recomputing_backward_in_head_groups(monkeypatch, B, T, H, Hkv, D, DV, d
     assert calls == [1, 1]
 
 
-def test_head_groups_policy(monkeypatch):
+def test_head_groups_policy():
     """All heads at once for short sequences, under the budget or with the budget 0; otherwise as many heads per
     group as the budget holds, in contiguous near-equal groups; a bad budget is a clear error."""
-    from pathlab.kernels._recompute import (GROUPS_FROM_CHUNKS, backward_bytes_per_kv_head, group_budget_bytes,
-                                            head_groups)
+    from pathlab.kernels.fused import GROUPS_FROM_CHUNKS, backward_bytes_per_kv_head, group_budget_bytes, head_groups
 
     mib = 2**20
     long = GROUPS_FROM_CHUNKS
@@ -419,31 +394,27 @@ def test_head_groups_policy(monkeypatch):
     assert all(a.stop == b.start for a, b in zip(groups, groups[1:]))
     assert max(g.stop - g.start for g in groups) == 3
     assert head_groups(2, 10 * mib, long, 1) == [slice(0, 1), slice(1, 2)]
-    monkeypatch.delenv("PATHLAB_PATH_BWD_GROUP_MIB", raising=False)
     assert group_budget_bytes() == 256 * mib
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", "0")
-    assert group_budget_bytes() == 0
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", "lots")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_GROUP_MIB"):
-        group_budget_bytes()
+    assert group_budget_bytes(KernelConfig(group_mib=0)) == 0
+    with pytest.raises(ValueError, match="group_mib"):
+        KernelConfig(group_mib=-1)
 
 
-def test_scan_switch(monkeypatch):
-    """An on/off setting of the scan: unset or ``auto`` gives the default, ``1``/``0`` force it, anything else is
-    a clear error."""
-    from pathlab.kernels.path import _switch
+def test_kernel_config():
+    """A config pins a route or overrides a leading part of a launch; bad values are clear errors; equal configs
+    share one id (the int the custom ops take), the default's is 0."""
+    from pathlab.kernels.config import DEFAULT, config_id, config_of, launch, pick
 
-    monkeypatch.delenv("PATHLAB_PATH_BWD_PREFETCH", raising=False)
-    assert _switch("PATHLAB_PATH_BWD_PREFETCH", True) is True
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "auto")
-    assert _switch("PATHLAB_PATH_BWD_PREFETCH", False) is False
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "0")
-    assert _switch("PATHLAB_PATH_BWD_PREFETCH", True) is False
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "1")
-    assert _switch("PATHLAB_PATH_BWD_PREFETCH", False) is True
-    monkeypatch.setenv("PATHLAB_PATH_BWD_PREFETCH", "yes")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_PREFETCH"):
-        _switch("PATHLAB_PATH_BWD_PREFETCH", True)
+    assert pick(None, True) and not pick(False, True) and pick(True, False)
+    assert launch(None, (4, 1, 2, 0)) == (4, 1, 2, 0) and launch((8,), (4, 1, 2, 0)) == (8, 1, 2, 0)
+    assert config_id(None) == config_id(DEFAULT) == 0
+    a, b = KernelConfig(bwd_launch=(4, 2)), KernelConfig(bwd_launch=(4, 2))
+    assert config_id(a) == config_id(b) != 0 and config_of(config_id(a)) == a
+    for bad in (dict(bwd_launch=[4, 2]), dict(by_sequence_launch=(3,)), dict(ut_warps=3)):
+        with pytest.raises(ValueError):
+            KernelConfig(**bad)
+    with pytest.raises(ValueError, match="config must be a KernelConfig"):
+        config_id("fast")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -549,7 +520,7 @@ def test_missing_kernel_package_says_to_install_the_project():
 
 def test_gate_offsets_keep_precision_over_long_sequences():
     """G_i − G_j from (fp64 chunk offset + fp32 local cumsum) matches an fp64 cumsum at 100K tokens."""
-    from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
+    from pathlab.kernels.layout import build_layout, chunk_gate, to_chunks
 
     T, BT = 100_003, 64
     g = torch.nn.functional.logsigmoid(3 + torch.randn(1, T, 1, dtype=torch.float64))

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines; the GPU runs test_kernels_gpu.py"
 )
 
-from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, state_rows, to_chunks  # noqa: E402
-from pathlab.kernels._triton_ut import ut_forward  # noqa: E402
-from pathlab.kernels.path import _scan_bwd_impl, _scan_fwd_impl, backward_by_sequence  # noqa: E402
+from pathlab.kernels import KernelConfig  # noqa: E402
+from pathlab.kernels.layout import build_layout, chunk_gate, slot_tokens, state_rows, to_chunks  # noqa: E402
+from pathlab.kernels.scan import _scan_bwd_impl, _scan_fwd_impl, backward_by_sequence  # noqa: E402
+from pathlab.kernels.ut_forward import ut_forward  # noqa: E402
 from pathlab.testing import random_path_inputs, rel_err  # noqa: E402
 
 NAMES = ("dq̃", "dk̃", "dV", "dM", "dS_d", "dG")
@@ -49,11 +50,9 @@ def scan_case(lengths, H, Hkv, D, DV, dtype, gate, token_rows, v_rows, BT=16):
     return (do, qs, ks, vv, m, sd, gl, go, o, lse, *meta, D ** -0.5, 3), dict(states=states, **rows)
 
 
-def both_orders(monkeypatch, args, kwargs):
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0")
-    by_query_chunk = _scan_bwd_impl(*args, **kwargs)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    by_sequence = _scan_bwd_impl(*args, **kwargs)
+def both_orders(args, kwargs, R=1):
+    by_query_chunk = _scan_bwd_impl(*args, config=KernelConfig(by_sequence=False), **kwargs)
+    by_sequence = _scan_bwd_impl(*args, config=KernelConfig(by_sequence=True, by_sequence_launch=(R,)), **kwargs)
     return by_query_chunk, by_sequence
 
 
@@ -67,13 +66,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("R", ["1", "2"], ids=["one-query-chunk-a-tile", "two-query-chunks-a-tile"])
+@pytest.mark.parametrize("R", [1, 2], ids=["one-query-chunk-a-tile", "two-query-chunks-a-tile"])
 @pytest.mark.parametrize("lengths,H,Hkv,D,DV,dtype,gate,token_rows,v_rows", CASES)
-def test_backward_by_sequence_matches_by_query_chunk(monkeypatch, R, lengths, H, Hkv, D, DV, dtype, gate,
-                                                    token_rows, v_rows):
-    monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", R)
+def test_backward_by_sequence_matches_by_query_chunk(R, lengths, H, Hkv, D, DV, dtype, gate, token_rows, v_rows):
     args, kwargs = scan_case(lengths, H, Hkv, D, DV, dtype, gate, token_rows, v_rows)
-    want, got = both_orders(monkeypatch, args, kwargs)
+    want, got = both_orders(args, kwargs, R)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     for name, a, b in zip(NAMES, want, got):
         if name == "dG" and not gate:
@@ -84,10 +81,10 @@ def test_backward_by_sequence_matches_by_query_chunk(monkeypatch, R, lengths, H,
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol}"
 
 
-def test_backward_by_sequence_reads_every_state(monkeypatch):
+def test_backward_by_sequence_reads_every_state():
     """Zeroed states change dq̃ and dk̃ (the kernel reads them), and states of a wrong shape are refused."""
     args, kwargs = scan_case([70, 40], 2, 2, 16, 16, torch.float32, True, True, True)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
+    kwargs = dict(kwargs, config=KernelConfig(by_sequence=True))
     read = _scan_bwd_impl(*args, **kwargs)
     zeroed = _scan_bwd_impl(*args, **dict(kwargs, states=torch.zeros_like(kwargs["states"])))
     assert rel_err(zeroed[0], read[0]) > 1e-2 and rel_err(zeroed[1], read[1]) > 1e-2
@@ -96,42 +93,31 @@ def test_backward_by_sequence_reads_every_state(monkeypatch):
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_saving_route_by_sequence_matches_reference(monkeypatch, gate):
-    """The whole op on the saving route with the backward by sequence, forced on (too few sequences here for the
+def test_saving_route_by_sequence_matches_reference(gate):
+    """The whole op on the saving route with the backward by sequence, pinned on (too few sequences here for the
     default), against the fp64 reference on packed sequences."""
     from test_kernels import compare, make
 
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
     lengths = [50, 16, 97, 9]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     compare(make(1, sum(lengths), 4, 2, 16, 32, torch.float32, gate=gate), tol=1e-5, cu_seqlens=cu,
-            ut="triton_saved")
+            ut="triton_saved", config=KernelConfig(forward_states=True, by_sequence=True))
 
 
-def test_backward_by_sequence_policy(monkeypatch):
+def test_backward_by_sequence_policy():
     """By sequence when the sequences (at least NC / max_chunks of them) times the kv heads give each of the
-    device's multiprocessors a program (2 on a CPU), with or without the gate; ``1`` and ``0`` force it; the launch
-    setting's bad values are clear errors."""
-    from pathlab.kernels.path import _by_sequence_launch
+    device's multiprocessors a program (2 on a CPU), with or without the gate, unless a config pins it; the launch
+    tunables' bad values are clear errors."""
+    from pathlab.kernels.scan import _by_sequence_launch
 
     cpu = torch.device("cpu")
-    monkeypatch.delenv("PATHLAB_PATH_BWD_BY_SEQUENCE", raising=False)
     assert backward_by_sequence(8, 8, 2, cpu)  # one sequence, two kv heads
     assert not backward_by_sequence(8, 8, 1, cpu)  # one program for two multiprocessors
     assert backward_by_sequence(64, 8, 12, cpu)  # eight sequences, twelve kv heads
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "1")
-    assert backward_by_sequence(8, 8, 1, cpu)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0")
-    assert not backward_by_sequence(64, 8, 12, cpu)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "sometimes")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_BY_SEQUENCE"):
-        backward_by_sequence(64, 8, 12, cpu)
-    monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
+    assert backward_by_sequence(8, 8, 1, cpu, KernelConfig(by_sequence=True))
+    assert not backward_by_sequence(64, 8, 12, cpu, KernelConfig(by_sequence=False))
     assert _by_sequence_launch() == (1, 4, 2)
-    monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", "2,8")
-    assert _by_sequence_launch() == (2, 8, 2)
-    for bad in ("3", "2,eight", "1,4,2,1"):
-        monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", bad)
-        with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_SEQ"):
-            _by_sequence_launch()
+    assert _by_sequence_launch(KernelConfig(by_sequence_launch=(2, 8))) == (2, 8, 2)
+    for bad in ((3,), (2, -1)):
+        with pytest.raises(ValueError):
+            KernelConfig(by_sequence_launch=bad)

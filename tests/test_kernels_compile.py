@@ -109,8 +109,8 @@ def assert_opcheck(fwd, bwd, differentiable, rest, bwd_args):
 
 
 def test_scan_custom_ops_opcheck():
-    from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
-    from pathlab.kernels._ut import ut_factors
+    from pathlab.kernels.layout import build_layout, chunk_gate, to_chunks
+    from pathlab.kernels.ut_torch import ut_factors
 
     B, T, H, D = 1, 20, 2, 16
     q, k, v, w, beta, g = make(B, T, H, H, D, D, gate=True)
@@ -120,16 +120,16 @@ def test_scan_custom_ops_opcheck():
                                to_chunks(beta, layout))
     gl, go = chunk_gate(to_chunks(g, layout), layout)
     tensors = [t.detach() for t in (qs, ks, to_chunks(v, layout), m, sd, gl, go)]
-    rest = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 0.25, 2]
+    rest = [layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks, 0.25, 2, 0]  # config 0
     assert_opcheck(torch.ops.pathlab.path_scan_fwd.default, torch.ops.pathlab.path_scan_bwd.default, tensors, rest,
                    lambda out: [torch.randn_like(out[0])] + tensors + list(out) + rest)
 
 
 def test_ut_custom_ops_opcheck():
     """The fused UT transform's ops."""
-    from pathlab.kernels._layout import build_layout, slot_tokens
+    from pathlab.kernels.layout import build_layout, slot_tokens
 
-    importlib.import_module("pathlab.kernels._triton_ut")  # registers the ops
+    importlib.import_module("pathlab.kernels.ut_backward")  # registers the ops
     B, T, H, Hkv, D = 1, 20, 2, 1, 16
     q, k, v, w, beta, _ = make(B, T, H, Hkv, D, D, gate=False, seed=3)
     rest = [slot_tokens(build_layout(B, T, 16, q.device), B, T), 16]
@@ -141,16 +141,16 @@ def test_ut_custom_ops_opcheck():
 def test_fused_route_custom_ops_opcheck(route):
     """The op that joins the fused UT transform and the scan, recomputing the factors in its backward
     (``ut="triton"``) or keeping them for it (``ut="triton_saved"``)."""
-    from pathlab.kernels._layout import build_layout, chunk_gate, slot_tokens, to_chunks
+    from pathlab.kernels.layout import build_layout, chunk_gate, slot_tokens, to_chunks
 
-    importlib.import_module("pathlab.kernels._recompute")  # registers the ops
+    importlib.import_module("pathlab.kernels.fused")  # registers the ops
     B, T, H, Hkv, D = 1, 20, 2, 1, 16
     q, k, v, w, beta, g = make(B, T, H, Hkv, D, D, gate=True, seed=4)
     layout = build_layout(B, T, 16, q.device)
     gl, go = chunk_gate(to_chunks(g, layout), layout)
     inputs = [q, k, w, beta, v, gl.detach(), go.detach()]
     rest = [slot_tokens(layout, B, T), layout.chunk_first, layout.chunk_index, layout.order, layout.max_chunks,
-            16, 0.25, 2]
+            16, 0.25, 2, 0]  # block, scale, programs, config
     ops = torch.ops.pathlab
     fwd, bwd = getattr(ops, f"path_{route}_fwd").default, getattr(ops, f"path_{route}_bwd").default
     # the backward takes dO, the inputs, every output of the forward (o, lse and any kept factors), the rest

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pathlab.kernels.config import KernelConfig
+
 pytestmark = pytest.mark.gpu
 
 TOL = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dw": 1.5e-2, "dbeta": 2e-2, "dg": 2e-2}
@@ -43,16 +45,21 @@ def grads_of(fn, leaves, do):
     return [o.detach()] + [x.detach() for x in torch.autograd.grad(o, leaves, do)]
 
 
-def bf16_case(T, H, Hkv, D, gate, w_dtype=torch.float32):
-    """Leaves (q, k, v bf16, w in ``w_dtype``, β[, g] fp32) for B = 1, an output gradient, and the Triton op."""
+def bf16_case(T, H, Hkv, D, gate, w_dtype=torch.float32, ut=None, config=None):
+    """Leaves (q, k, v bf16, w in ``w_dtype``, β[, g] fp32) for B = 1, an output gradient, and the Triton op:
+    through ``pathlab.path_attention(backend="triton")`` by default, else the kernel with route ``ut`` and the
+    :class:`KernelConfig` ``config``."""
     import pathlab
+    from pathlab.kernels import path_attention_triton
 
     q, k, v, w, beta, g = inputs(1, T, H, Hkv, D, gate=gate, w_dtype=w_dtype)
     leaves = [q, k, v, w, beta] + ([g] if gate else [])
     do = torch.randn(1, T, H, D, device="cuda").bfloat16()
 
     def fast(*xs):
-        return pathlab.path_attention(*xs[:5], xs[5] if gate else None, backend="triton")
+        if ut is None and config is None:
+            return pathlab.path_attention(*xs[:5], xs[5] if gate else None, backend="triton")
+        return path_attention_triton(*xs[:4], xs[4].float(), xs[5].float() if gate else None, ut=ut, config=config)
 
     return leaves, do, fast
 
@@ -61,25 +68,24 @@ def bf16_case(T, H, Hkv, D, gate, w_dtype=torch.float32):
                          ids=["T300-ref", "T4096-blockwise64", "T16384-blockwise64"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
-def test_bf16_against_oracle(T, oracle, gate, ut, monkeypatch):
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)  # the per-chunk UT transform: PyTorch ops or the fused kernels
-    _check_bf16_against_oracle(T, oracle, gate, f"ut={ut}")
+def test_bf16_against_oracle(T, oracle, gate, ut):
+    # the per-chunk UT transform: PyTorch ops or the fused kernels
+    _check_bf16_against_oracle(T, oracle, gate, f"ut={ut}", ut=ut)
 
 
 @pytest.mark.parametrize("D", [16, 32])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
-def test_bf16_small_head_dims(D, gate, ut, monkeypatch):
+def test_bf16_small_head_dims(D, gate, ut):
     """Head dims 16 and 32 (a small model's, e.g. width 64 with 2 heads) compile to other tiles than 64 and 128."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
-    _check_bf16_against_oracle(300, "reference", gate, f"ut={ut} D={D}", D=D)
+    _check_bf16_against_oracle(300, "reference", gate, f"ut={ut} D={D}", D=D, ut=ut)
 
 
 @pytest.mark.parametrize("T,D", [(300, 64), (4096, 64), (4096, 128)], ids=["T300-D64", "T4096-D64", "T4096-D128"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 def test_bf16_w_as_the_model_passes_it(T, D, gate):
     """w in bf16, as the language model's PaTH layers pass it: the inverse kernel forms W Wᵀ in one pass on the
-    bf16 rows (``_triton_ut.gram_on_16_bit_rows``); the other tests pass fp32 w, which takes the 3-pass route."""
+    bf16 rows (``ut_common.gram_on_16_bit_rows``); the other tests pass fp32 w, which takes the 3-pass route."""
     _check_bf16_against_oracle(T, "reference" if T <= 300 else "torch", gate, f"w=bf16 D={D}", D=D,
                                w_dtype=torch.bfloat16)
 
@@ -88,8 +94,8 @@ def test_inverse_on_bf16_rows_of_any_scale():
     """The inverse kernel's one-pass Gram product on bf16 rows scales each row by a power of two first, so rows
     from 1e-30 to 1e30 (and zero rows) give the fp64 inverse at fp32 accuracy; unscaled, their products would
     leave fp32's range. (Under the interpreter, whose bf16 products are wrong, this runs only on a GPU.)"""
-    from pathlab.kernels import _triton_ut
-    from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks
+    from pathlab.kernels import ut_common as _triton_ut
+    from pathlab.kernels.layout import build_layout, slot_tokens, to_chunks
 
     T, BT = 300, 64
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -106,13 +112,12 @@ def test_inverse_on_bf16_rows_of_any_scale():
 
 
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
-def test_inputs_addressed_beyond_2_31_elements(ut, monkeypatch):
+def test_inputs_addressed_beyond_2_31_elements(ut):
     """64-bit offsets: q, k, v, w as views into one buffer whose second sequence starts 2³¹ elements in (8.6 GB of
     bf16) give the output and gradients of the same inputs copied to small contiguous tensors. The kernels read
     q, k, w, β (and v, at this length) where they lie, so a 32-bit offset would read the wrong rows or fault."""
-    import pathlab
+    from pathlab.kernels import path_attention_triton
 
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     B, T, H, D = 2, 300, 4, 64
     n = T * H * D
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -126,7 +131,7 @@ def test_inputs_addressed_beyond_2_31_elements(ut, monkeypatch):
 
     def run(xs):
         leaves = [x.detach().requires_grad_() for x in xs] + [beta.detach().requires_grad_()]
-        o = pathlab.path_attention(*leaves, None, backend="triton")
+        o = path_attention_triton(*leaves, None, ut=ut)
         return [o.detach()] + [g.detach() for g in torch.autograd.grad(o, leaves, do)]
 
     got = run(far)
@@ -137,83 +142,68 @@ def test_inputs_addressed_beyond_2_31_elements(ut, monkeypatch):
         assert rel_rms(a, b) <= 1e-3, f"{name}: {rel_rms(a, b):.3g}"
 
 
+@pytest.mark.parametrize("states", [True, False], ids=["forward-states", "replayed-states"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_with_lambda_products_in_tf32(gate, monkeypatch):
-    """The backward's λ products on tf32 operands (the default is bf16 on a GPU)."""
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "tf32")
-    _check_bf16_against_oracle(4096, "torch", gate, "lambda=tf32")
-
-
-@pytest.mark.parametrize("states", ["1", "0"], ids=["forward-states", "replayed-states"])
-@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_saving_route_with_and_without_the_forward_states(states, gate, monkeypatch):
+def test_bf16_saving_route_with_and_without_the_forward_states(states, gate):
     """The saving route's backward reading the carried states the forward kept (the default up to 16 chunks,
-    forced here at 4096 tokens as well) or replaying them (``PATHLAB_PATH_FWD_STATES``)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", states)
-    _check_bf16_against_oracle(300, "reference", gate, f"states={states}")
-    _check_bf16_against_oracle(4096, "torch", gate, f"states={states}")
+    pinned here at 4096 tokens as well) or replaying them (``KernelConfig.forward_states``)."""
+    config = KernelConfig(forward_states=states)
+    _check_bf16_against_oracle(300, "reference", gate, f"states={states}", ut="triton_saved", config=config)
+    _check_bf16_against_oracle(4096, "torch", gate, f"states={states}", ut="triton_saved", config=config)
 
 
-@pytest.mark.parametrize("launch", ["0", "default", "1,4,1", "2,8,2"],
+@pytest.mark.parametrize("launch", ["by-query-chunk", "default", (1, 4, 1), (2, 8, 2)],
                          ids=["by-query-chunk", "by-sequence", "by-sequence-one-stage", "by-sequence-R2"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_backward_by_sequence(launch, gate, monkeypatch):
-    """The saving route's backward with the forward's states by query chunk (``PATHLAB_PATH_BWD_BY_SEQUENCE=0``)
-    or by sequence, forced on (too few sequences here for the default), with its default launch, one stage, or two
-    query chunks to a tile (``PATHLAB_PATH_BWD_SEQ``), against the oracles."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton_saved")
-    monkeypatch.setenv("PATHLAB_PATH_FWD_STATES", "1")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_BY_SEQUENCE", "0" if launch == "0" else "1")
-    monkeypatch.delenv("PATHLAB_PATH_BWD_SEQ", raising=False)
-    if launch not in ("0", "default"):
-        monkeypatch.setenv("PATHLAB_PATH_BWD_SEQ", launch)
-    _check_bf16_against_oracle(300, "reference", gate, f"by-sequence={launch}")
-    _check_bf16_against_oracle(1024, "torch", gate, f"by-sequence={launch}")
+def test_bf16_backward_by_sequence(launch, gate):
+    """The saving route's backward with the forward's states by query chunk or by sequence, pinned on (too few
+    sequences here for the default), with its default launch, one stage, or two query chunks to a tile
+    (``KernelConfig.by_sequence_launch``), against the oracles."""
+    config = KernelConfig(forward_states=True, by_sequence=launch != "by-query-chunk",
+                          by_sequence_launch=launch if isinstance(launch, tuple) else None)
+    _check_bf16_against_oracle(300, "reference", gate, f"by-sequence={launch}", ut="triton_saved", config=config)
+    _check_bf16_against_oracle(1024, "torch", gate, f"by-sequence={launch}", ut="triton_saved", config=config)
 
 
-@pytest.mark.parametrize("mode", ["1", "bf16-bwd", "bf16"], ids=["fp16", "bf16-backward", "bf16"])
+@pytest.mark.parametrize("half", [True, False], ids=["fp16", "tf32"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_ut_product_operands(mode, gate, monkeypatch):
-    """The UT kernels' products on each choice of operands (``PATHLAB_PATH_UT_HALF``): fp16 scaled by powers of
-    two everywhere, bf16 in the backward only, bf16 everywhere (bf16 products are wrong under the interpreter, so
-    the GPU is where these run)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
-    _check_bf16_against_oracle(300, "reference", gate, f"ut-half={mode}")
-    _check_bf16_against_oracle(4096, "torch", gate, f"ut-half={mode}")
+def test_bf16_ut_product_operands(half, gate):
+    """The UT kernels' products on scaled fp16 operands (the default for 16-bit inputs) or tf32 ones (fp32
+    inputs' route, pinned here for bf16 ones), on the saving route."""
+    config = KernelConfig(ut_half=half)
+    _check_bf16_against_oracle(300, "reference", gate, f"ut-half={half}", ut="triton_saved", config=config)
+    _check_bf16_against_oracle(4096, "torch", gate, f"ut-half={half}", ut="triton_saved", config=config)
 
 
-@pytest.mark.parametrize("scratch", ["1", "0"], ids=["fp16-scratch", "fp32-scratch"])
+@pytest.mark.parametrize("scratch", [True, False], ids=["fp16-scratch", "fp32-scratch"])
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
-def test_bf16_ut_backward_scratch(scratch, gate, monkeypatch):
-    """The three-kernel UT backward with its scratch in scaled fp16 (``PATHLAB_PATH_UT_SCRATCH16``, the default
+def test_bf16_ut_backward_scratch(scratch, gate):
+    """The three-kernel UT backward with its scratch in scaled fp16 (``KernelConfig.ut_scratch16``, the default
     for fp16 operands) and in fp32, at head dim 64 and 32 (where its last kernel runs at 8 warps)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", scratch)
+    config = KernelConfig(ut_scratch16=scratch)
     for D in (64, 32):
-        _check_bf16_against_oracle(300, "reference", gate, f"scratch16={scratch} D={D}", D=D)
-    _check_bf16_against_oracle(4096, "torch", gate, f"scratch16={scratch}")
+        _check_bf16_against_oracle(300, "reference", gate, f"scratch16={scratch} D={D}", D=D, ut="triton_saved",
+                                   config=config)
+    _check_bf16_against_oracle(4096, "torch", gate, f"scratch16={scratch}", ut="triton_saved", config=config)
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
-def test_bf16_fused_ut_at_head_dim_128(gate, ut, monkeypatch):
+def test_bf16_fused_ut_at_head_dim_128(gate, ut):
     """At D = 128 the fused UT backward runs split in five kernels (the three-kernel form needs more shared memory
     than an H200 has)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
-    _check_bf16_against_oracle(4096, "torch", gate, f"ut={ut} D=128", D=128)
+    _check_bf16_against_oracle(4096, "torch", gate, f"ut={ut} D=128", D=128, ut=ut)
 
 
-def test_recomputing_backward_in_head_groups(monkeypatch):
+def test_recomputing_backward_in_head_groups():
     """The recomputing backward head group by head group: with one kv head per group (a 1 MiB budget) against the
     oracle; at T = 16384, 16×128 with the default budget (6 groups of at most 3 kv heads) a peak below 0.8× that of
-    all heads at once (predicted about 0.67×: the scan's scratch, 528 MiB on an H200, is not split)."""
-    monkeypatch.setenv("PATHLAB_PATH_UT", "triton")
-    monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", "1")
-    _check_bf16_against_oracle(4096, "torch", True, "ut=triton D=128 head groups of one", D=128)
+    all heads at once (predicted about 0.67×: the scan's scratch is not split)."""
+    _check_bf16_against_oracle(4096, "torch", True, "ut=triton D=128 head groups of one", D=128, ut="triton",
+                               config=KernelConfig(group_mib=1))
     peaks = {}
-    for budget in ("0", "256"):
-        monkeypatch.setenv("PATHLAB_PATH_BWD_GROUP_MIB", budget)
-        leaves, do, fast = bf16_case(16384, 16, 16, 128, gate=False)
+    for budget in (0, None):  # never split; the default budget
+        leaves, do, fast = bf16_case(16384, 16, 16, 128, gate=False, ut="triton", config=KernelConfig(group_mib=budget))
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -222,16 +212,16 @@ def test_recomputing_backward_in_head_groups(monkeypatch):
         peaks[budget] = (torch.cuda.max_memory_allocated() - base) / 2**20
         assert all(torch.isfinite(x).all() for x in got)
         del leaves, do, got
-    print(f"peak MiB, all heads at once / in head groups: {peaks}")
-    assert peaks["256"] < 0.8 * peaks["0"], peaks
+    print(f"peak MiB, all heads at once (0) / in head groups (default): {peaks}")
+    assert peaks[None] < 0.8 * peaks[0], peaks
 
 
-def _check_bf16_against_oracle(T, oracle, gate, label, D=64, w_dtype=torch.float32):
+def _check_bf16_against_oracle(T, oracle, gate, label, D=64, w_dtype=torch.float32, ut=None, config=None):
     import pathlab
     from pathlab.reference import path_attention as reference
 
     H, Hkv = (4, 2) if T <= 4096 else (2, 1)
-    leaves, do, fast = bf16_case(T, H, Hkv, D, gate, w_dtype)
+    leaves, do, fast = bf16_case(T, H, Hkv, D, gate, w_dtype, ut=ut, config=config)
 
     def slow(*xs):
         xs = [x.double() for x in xs]
@@ -250,32 +240,28 @@ def _check_bf16_against_oracle(T, oracle, gate, label, D=64, w_dtype=torch.float
 
 @pytest.mark.parametrize("ut, D", [("torch", 128), ("triton", 64), ("triton_saved", 64), ("triton", 128)],
                          ids=["ut-torch-D128", "ut-triton-D64", "ut-triton-saved-D64", "ut-triton-D128"])
-def test_long_sequence_beta_near_two_is_finite(ut, D, monkeypatch):
+def test_long_sequence_beta_near_two_is_finite(ut, D):
     """65,536 tokens, β near 2: finite output and gradients (at D = 128 the fused UT backward runs split)."""
-    import pathlab
-
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
+    from pathlab.kernels import path_attention_triton
 
     q, k, v, w, beta, g = inputs(1, 65536, 4, 4, D, beta_range=(1.9, 1.999), gate=True)
     leaves = [t.requires_grad_() for t in (q, k, v, w, beta, g)]
-    o = pathlab.path_attention(*leaves, backend="triton")
+    o = path_attention_triton(*leaves, ut=ut)
     o.backward(torch.randn_like(o))
     assert torch.isfinite(o).all()
     for name, t in zip("q k v w beta g".split(), leaves):
         assert torch.isfinite(t.grad).all(), f"d{name} has NaN/inf"
 
 
-def test_three_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit(monkeypatch):
-    """Forced back to three kernels at D = 128 (``PATHLAB_PATH_UT_SPLIT=0``) with tf32 products
-    (``PATHLAB_PATH_UT_HALF=0``; fp16 operands take half the shared memory, and fit), the fused UT backward needs
+def test_three_kernel_ut_backward_at_head_dim_128_says_it_does_not_fit():
+    """Pinned to three kernels at D = 128 (``KernelConfig(ut_split=False)``) with tf32 products
+    (``ut_half=False``; fp16 operands take half the shared memory, and fit), the fused UT backward needs
     more shared memory than an H200 has: a clear error naming the way out, not a raw Triton exception. (If a GPU
     ever fits it, this test fails and the split default can be revisited.)"""
     from pathlab.kernels import path_attention_triton
 
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "0")
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "0")
     q, k, v, w, beta = (t.requires_grad_() for t in inputs(1, 256, 2, 2, 128, gate=False)[:5])
-    o = path_attention_triton(q, k, v, w, beta, ut="triton")
+    o = path_attention_triton(q, k, v, w, beta, ut="triton", config=KernelConfig(ut_split=False, ut_half=False))
     assert torch.isfinite(o).all()
     with pytest.raises(RuntimeError, match=r"do not fit this GPU for head dim 128.*ut='torch'"):
         o.float().square().sum().backward()
@@ -302,7 +288,7 @@ def test_prefill_then_512_steps_match_parallel_form(gate):
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
 @pytest.mark.parametrize("ut", ["torch", "triton"], ids=["ut-torch", "ut-triton"])
-def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut, monkeypatch):
+def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut):
     """``torch.compile`` (Inductor, ``fullgraph=True``) of the Triton op in bf16, forward and backward.
 
     The scan is the opaque custom op pair ``pathlab::path_scan_fwd``/``bwd``, so Inductor neither breaks the graph
@@ -311,9 +297,8 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut, monkeypatch):
     whose rounding differs)."""
     from pathlab.reference import path_attention as reference
 
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     torch._dynamo.reset()
-    leaves, do, fast = bf16_case(300, 4, 2, 64, gate)
+    leaves, do, fast = bf16_case(300, 4, 2, 64, gate, ut=ut)
 
     def slow(*xs):
         xs = [x.double() for x in xs]
@@ -336,10 +321,12 @@ def test_compiled_kernel_bf16_matches_eager_and_oracle(gate, ut, monkeypatch):
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
 def test_compiled_model_bf16_matches_eager(attention, ut, monkeypatch):
     """A small PaTH model under bf16 autocast, compiled whole with ``fullgraph=True`` as ``pathlab train`` does by
-    default on CUDA (``backend="auto"`` is the Triton kernel here): loss and parameter gradients match eager."""
+    default on CUDA (``backend="auto"`` is the Triton kernel here): loss and parameter gradients match eager. The
+    model takes the kernel's own route; each route is pinned here by replacing its choice."""
     import pathlab
+    from pathlab.kernels import path as kernel_path
 
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
+    monkeypatch.setattr(kernel_path, "_ut_name", lambda name, q: ut)
     torch._dynamo.reset()
     torch.manual_seed(0)
     cfg = pathlab.ModelConfig(n_layer=2, n_head=4, n_embd=256, vocab_size=512, attention=attention)
@@ -371,19 +358,18 @@ POISONS = [(name, float("nan")) for name in ("q", "k", "v", "w", "beta", "g")] +
 POISON_IDS = [f"nan-{name}" for name in ("q", "k", "v", "w", "beta", "g")] + ["g-minus-1e12"]
 
 
-def _poison_run(dtype, ut, layout, poison, monkeypatch):
+def _poison_run(dtype, ut, layout, poison):
     """(clean, poisoned, rows of the other sequences): [o, dq, dk, dv, dw, dβ, dg] of the Triton op with sequence 1
     (``layout="batch"``: B = 3 × T = 300; ``"packed"``: ``cu_seqlens`` segments of 100, 257, 64 tokens) poisoned
     at two positions, and the rows ``(b, t)`` (a boolean ``[B, T]``) of the sequences that must not move."""
     from pathlab.kernels import path_attention_triton
 
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     B, T = (3, 300) if layout == "batch" else (1, 421)
     cu = None if layout == "batch" else torch.tensor([0, 100, 357, 421], dtype=torch.int32, device="cuda")
     q, k, v, w, beta, g = inputs(B, T, 4, 2, 64, gate=True, seed=11)
     leaves = [x.to(dtype) if x.dtype == torch.bfloat16 else x for x in (q, k, v, w, beta, g)]
     do = torch.randn(B, T, 4, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(12)).to(dtype)
-    fn = lambda *xs: path_attention_triton(*xs, cu_seqlens=cu)  # noqa: E731 (no value checks: NaN on purpose)
+    fn = lambda *xs: path_attention_triton(*xs, cu_seqlens=cu, ut=ut)  # noqa: E731 (no value checks: NaN on purpose)
     keep = torch.ones(B, T, dtype=torch.bool, device="cuda")
     if layout == "batch":
         b, pos, keep[1] = 1, torch.tensor([5, 170]), False
@@ -400,11 +386,11 @@ def _poison_run(dtype, ut, layout, poison, monkeypatch):
 @pytest.mark.parametrize("layout", ["batch", "packed"])
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_poisoned_sequence_leaves_the_others_alone(dtype, ut, layout, poison, monkeypatch):
+def test_poisoned_sequence_leaves_the_others_alone(dtype, ut, layout, poison):
     """A NaN in one sequence's q, k, v, w, β or g (or a gate of −1e12) changes no other sequence of the batch or
     segment of ``cu_seqlens``: o bit for bit (the forward has no atomics), the gradients up to the order of the
     backward's fp32 atomics (1e-4 of each tensor's largest element in fp32; in bf16 a rounding step, 1e-2)."""
-    clean, dirty, keep = _poison_run(dtype, ut, layout, poison, monkeypatch)
+    clean, dirty, keep = _poison_run(dtype, ut, layout, poison)
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     for name, a, b in zip(["o", "dq", "dk", "dv", "dw", "dbeta", "dg"], clean, dirty):
         a, b = a[keep].float(), b[keep].float()
@@ -418,24 +404,23 @@ def test_poisoned_sequence_leaves_the_others_alone(dtype, ut, layout, poison, mo
 
 @pytest.mark.parametrize("norm", [50, 200], ids=["x50", "x200"])
 @pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
-def test_bf16_large_query_and_key_norms(ut, norm, monkeypatch):
+def test_bf16_large_query_and_key_norms(ut, norm):
     """bf16 q, k scaled ×50 and ×200 (PaTH-FoX, B = 2 so the saving route's backward runs by sequence), every
     gradient against the fp64 reference. The softmax rows saturate, so the true dq, dk, dw, dβ, dg are ~0, and
     the errors are measured against the scale of the same gradient at norm 1 (its fp64 RMS): a δ that rounds
-    apart from dP gave them at a few percent of it at ×200 (``_triton_path``, "δ"; on the CPU in fp16 dβ came out
+    apart from dP gave them at a few percent of it at ×200 (``scan_backward_by_chunk``, "δ"; on the CPU in fp16 dβ came out
     at 1.2 of the floor of ``test_kernels.rel_rms``, now 1e-100). At ×50 the logits (≈ 2500) are rounded by the
     carried states' fp16 significand in rows whose gap is a few tens of nats, so the bound there is loose. o and
     dv are checked loosely: with logits of 4e4 at ×200, a tie within the states' rounding (~10) may pick the
     other key of a row."""
-    import pathlab
+    from pathlab.kernels import path_attention_triton
     from pathlab.reference import path_attention as reference
 
-    monkeypatch.setenv("PATHLAB_PATH_UT", ut)
     B, T, H, Hkv, D = 2, 128, 4, 2, 64
     q, k, v, w, beta, g = inputs(B, T, H, Hkv, D, gate=True, seed=7)
     do = torch.randn(B, T, H, D, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8)).bfloat16()
     big = [(q.float() * norm).bfloat16(), (k.float() * norm).bfloat16(), v, w, beta, g]
-    got = grads_of(lambda *xs: pathlab.path_attention(*xs, backend="triton"), big, do)
+    got = grads_of(lambda *xs: path_attention_triton(*xs, ut=ut), big, do)
     want = grads_of(lambda *xs: reference(*xs), [x.double() for x in big], do.double())
     unit = grads_of(lambda *xs: reference(*xs), [x.double() for x in (q, k, v, w, beta, g)], do.double())
     names = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]

@@ -1,4 +1,4 @@
-"""The fused Triton UT transform (``kernels/_triton_ut.py``) against the PyTorch one (``kernels/_ut.py``).
+"""The fused Triton UT transform (``kernels/ut_forward.py``, ``ut_backward.py``) against the PyTorch one (``kernels/ut_torch.py``).
 
 The fused kernels read q, k, w, β straight from ``[B, T, heads, ·]`` (any float dtype and strides), gather each
 chunk's rows, normalise w and cast to fp32 themselves. The oracle is the PyTorch route, differentiated by
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU-only machines; the GPU runs test_kernels_gpu.py"
 )
 
-from pathlab.kernels import path_attention_triton  # noqa: E402
-from pathlab.kernels._layout import build_layout, slot_tokens, to_chunks  # noqa: E402
-from pathlab.kernels._triton_ut import ut_factors_triton  # noqa: E402
-from pathlab.kernels._ut import ut_factors  # noqa: E402
+from pathlab.kernels import KernelConfig, path_attention_triton  # noqa: E402
+from pathlab.kernels.layout import build_layout, slot_tokens, to_chunks  # noqa: E402
+from pathlab.kernels.ut_backward import ut_factors_triton  # noqa: E402
+from pathlab.kernels.ut_torch import ut_factors  # noqa: E402
 
 NAMES = ["q̃", "k̃", "M", "S_d", "dq", "dk", "dw", "dβ"]
 
@@ -50,10 +50,10 @@ def pytorch_route(q, k, w, beta, layout):
     return ut_factors(*(to_chunks(x, layout) for x in (q.to(f32), k.to(f32), wn, beta.to(f32))))
 
 
-def compare(inputs, layout, tol=2e-5, seed=0, upstream_scale=1.0):
+def compare(inputs, layout, tol=2e-5, seed=0, upstream_scale=1.0, config=None):
     leaves = [x.detach().requires_grad_() for x in inputs]
     want = pytorch_route(*leaves, layout)
-    got = ut_factors_triton(*leaves, layout)
+    got = ut_factors_triton(*leaves, layout, config)
     gen = torch.Generator().manual_seed(seed)
     upstream = [torch.randn(t.shape, generator=gen) * upstream_scale for t in want]
     want_grads = torch.autograd.grad(want, leaves, upstream, retain_graph=True)
@@ -79,7 +79,7 @@ CASES = [
 ]
 
 
-BACKWARD_FORMS = {"three-kernel-backward": "0", "split-backward": "1"}  # PATHLAB_PATH_UT_SPLIT
+BACKWARD_FORMS = {"three-kernel-backward": False, "split-backward": True}  # KernelConfig.ut_split
 FIRST_KERNEL = {"three-kernel-backward": "_ut_bwd_heads_kernel", "split-backward": "_ut_bwd_end_kernel"}
 
 
@@ -95,13 +95,12 @@ class _Spy:
 
 
 def use_backward_form(form, monkeypatch):
-    """Select ``form`` through the environment; returns the list of first backward kernels launched."""
-    from pathlab.kernels import _triton_ut as fused
+    """Spies on the first backward kernels; returns the list of those launched."""
+    from pathlab.kernels import ut_backward
 
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", BACKWARD_FORMS[form])
     log = []
     for name in FIRST_KERNEL.values():
-        monkeypatch.setattr(fused, name, _Spy(getattr(fused, name), name, log))
+        monkeypatch.setattr(ut_backward, name, _Spy(getattr(ut_backward, name), name, log))
     return log
 
 
@@ -112,82 +111,66 @@ def test_matches_the_pytorch_transform(B, T, H, Hkv, D, BT, beta_range, form, mo
     where the first of the three does not fit an H200's shared memory with tf32 products)."""
     launched = use_backward_form(form, monkeypatch)
     inputs = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
-    compare(inputs, build_layout(B, T, BT, "cpu"))
+    compare(inputs, build_layout(B, T, BT, "cpu"), config=KernelConfig(ut_split=BACKWARD_FORMS[form]))
     assert launched == [FIRST_KERNEL[form]]
 
 
 HALF_CASES = [CASES[1], CASES[2], CASES[6]]  # grouped heads at D = 32, D = 64 with BT = 32, β near 2
 
 
-@pytest.mark.parametrize("mode", ["fwd", "1"], ids=["half-forward", "half-all"])
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", HALF_CASES)
 def test_half_operands_keep_their_precision_at_any_gradient_scale(B, T, H, Hkv, D, BT, beta_range, scale, form,
-                                                                  mode, monkeypatch):
-    """``PATHLAB_PATH_UT_HALF``: fp16 products on operands scaled by powers of two. Their 11-bit significands
+                                                                  monkeypatch):
+    """``KernelConfig.ut_half`` (the default for 16-bit inputs, pinned here for fp32 ones): fp16 products on
+    operands scaled by powers of two. Their 11-bit significands
     are tf32's, so the errors stay near 2⁻¹¹ (the interpreter's tf32 products are exact fp32, hence the looser
     tolerance than above) with upstream gradients of 1e-9, which unscaled fp16 would flush to zero, and of 1e6,
     with keys of 1e4, whose products would overflow it."""
     launched = use_backward_form(form, monkeypatch)
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", mode)
     q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T * 10 + D)
-    compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale)
+    compare((q, k * 1e4, w, beta), build_layout(B, T, BT, "cpu"), tol=3e-3, upstream_scale=scale,
+            config=KernelConfig(ut_split=BACKWARD_FORMS[form], ut_half=True))
     assert launched == [FIRST_KERNEL[form]]
 
 
-def test_half_operands_setting(monkeypatch):
-    """``PATHLAB_PATH_UT_HALF`` picks the operands of the forward's and the backward's UT products: tf32 (0),
-    fp16 scaled by powers of two (1) or bf16 (2); a bad value is a clear error."""
-    from pathlab.kernels._triton_ut import BF16, FP16, TF32, half_operands
+def test_half_operands_policy():
+    """The UT products take scaled fp16 operands for 16-bit inputs and tf32 ones for fp32 inputs, unless a config
+    pins them."""
+    from pathlab.kernels.ut_common import FP16, TF32, half_operands
 
-    def both(dtype):
-        return [half_operands(backward=b, dtype=dtype) for b in (False, True)]
-
-    monkeypatch.delenv("PATHLAB_PATH_UT_HALF", raising=False)
-    assert both(torch.bfloat16) == both(torch.float16) == [FP16, FP16]
-    assert both(torch.float32) == [TF32, TF32]
-    for value, want in (("0", [TF32, TF32]), ("fwd", [FP16, TF32]), ("1", [FP16, FP16]),
-                        ("bf16-bwd", [FP16, BF16]), ("bf16", [BF16, BF16])):
-        monkeypatch.setenv("PATHLAB_PATH_UT_HALF", value)
-        assert both(torch.bfloat16) == both(torch.float32) == want
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "fp16")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_HALF must be one of"):
-        half_operands(backward=False, dtype=torch.bfloat16)
+    assert half_operands(torch.bfloat16) == half_operands(torch.float16) == FP16
+    assert half_operands(torch.float32) == TF32
+    assert half_operands(torch.float32, KernelConfig(ut_half=True)) == FP16
+    assert half_operands(torch.bfloat16, KernelConfig(ut_half=False)) == TF32
 
 
-def test_narrow_scratch_setting(monkeypatch):
-    """``PATHLAB_PATH_UT_SCRATCH16``: scaled fp16 scratch in the three-kernel backward with fp16 operands only
-    (the split form adds to its scratch by atomics; tf32 and bf16 products have operands of their own)."""
-    from pathlab.kernels._triton_ut import BF16, FP16, TF32, narrow_scratch
+def test_narrow_scratch_policy():
+    """Scaled fp16 scratch in the three-kernel backward with fp16 operands only (the split form adds to its
+    scratch by atomics; tf32 products have operands of their own), unless a config turns it off."""
+    from pathlab.kernels.ut_backward import narrow_scratch
+    from pathlab.kernels.ut_common import FP16, TF32
 
-    monkeypatch.delenv("PATHLAB_PATH_UT_SCRATCH16", raising=False)
     assert narrow_scratch(False, FP16)
-    assert not narrow_scratch(True, FP16) and not narrow_scratch(False, TF32) and not narrow_scratch(False, BF16)
-    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "0")
-    assert not narrow_scratch(False, FP16)
-    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "1")
-    assert narrow_scratch(False, FP16) and not narrow_scratch(True, FP16)
-    monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", "fp16")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_SCRATCH16 must be one of"):
-        narrow_scratch(False, FP16)
+    assert not narrow_scratch(True, FP16) and not narrow_scratch(False, TF32)
+    assert not narrow_scratch(False, FP16, KernelConfig(ut_scratch16=False))
+    assert not narrow_scratch(True, FP16, KernelConfig(ut_scratch16=True))
 
 
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 1e6], ids=["grads-1e-9", "grads-1", "grads-1e6"])
 @pytest.mark.parametrize("B, T, H, Hkv, D, BT, beta_range", [CASES[1], CASES[2]])
-def test_narrow_scratch_rounds_only_what_passes_through_it(B, T, H, Hkv, D, BT, beta_range, scale, monkeypatch):
+def test_narrow_scratch_rounds_only_what_passes_through_it(B, T, H, Hkv, D, BT, beta_range, scale):
     """The scratch as scaled fp16 tiles against fp32 scratch, fp16 products in both: dq, which is final in the
     first kernel, bit for bit; dk, dw, dβ, whose partial sums pass through the scratch, within 2⁻¹¹-level
     rounding (and not equal: the narrow scratch was used), at any scale of the gradients."""
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "1")
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "0")
     q, k, w, beta = token_inputs(B, T, H, Hkv, D, beta_range, seed=T + D)
     leaves = [x.detach().requires_grad_() for x in (q, k * 1e4, w, beta)]
     layout = build_layout(B, T, BT, "cpu")
     grads = {}
     for narrow in ("0", "1"):
-        monkeypatch.setenv("PATHLAB_PATH_UT_SCRATCH16", narrow)
-        factors = ut_factors_triton(*leaves, layout)
+        config = KernelConfig(ut_half=True, ut_split=False, ut_scratch16=narrow == "1")
+        factors = ut_factors_triton(*leaves, layout, config)
         gen = torch.Generator().manual_seed(5)
         upstream = [torch.randn(f.shape, generator=gen) * scale for f in factors]
         grads[narrow] = torch.autograd.grad(factors, leaves, upstream)
@@ -198,39 +181,29 @@ def test_narrow_scratch_rounds_only_what_passes_through_it(B, T, H, Hkv, D, BT, 
         assert 0 < rel_rms(a, b) < 1e-3, f"{name}: {rel_rms(a, b)}"
 
 
-def test_split_backward_by_head_dim(monkeypatch):
-    from pathlab.kernels._triton_ut import split_backward
+def test_split_backward_by_head_dim():
+    from pathlab.kernels.ut_backward import split_backward
 
-    monkeypatch.delenv("PATHLAB_PATH_UT_SPLIT", raising=False)
     assert [split_backward(d) for d in (16, 32, 64, 128)] == [False, False, False, True]
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "1")
-    assert split_backward(16)
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", "yes")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_SPLIT must be one of"):
-        split_backward(16)
+    assert split_backward(16, KernelConfig(ut_split=True))
 
 
-def test_warps_by_head_dim(monkeypatch):
-    from pathlab.kernels._triton_ut import num_warps
+def test_warps_by_head_dim():
+    from pathlab.kernels.ut_common import num_warps
 
-    monkeypatch.delenv("PATHLAB_PATH_UT_WARPS", raising=False)
     assert [num_warps(d) for d in (16, 32, 64, 128)] == [4, 4, 4, 8]
-    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "8")
-    assert num_warps(64) == 8
-    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "3")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_UT_WARPS must be"):
-        num_warps(64)
+    assert num_warps(64, KernelConfig(ut_warps=8)) == 8
+    with pytest.raises(ValueError, match="ut_warps must be"):
+        KernelConfig(ut_warps=3)
 
 
-def test_inverse_gradients_kernel_avoids_four_warps_below_head_dim_64(monkeypatch):
+def test_inverse_gradients_kernel_avoids_four_warps_below_head_dim_64():
     """``_ut_bwd_inverse_kernel`` at 4 warps and D ≤ 32 is miscompiled by Triton 3.6 for an H200 (NaN dw;
-    ``benchmarks/ut_inverse_grads_steps.py``), so it runs 8 there, whatever ``PATHLAB_PATH_UT_WARPS`` says."""
-    from pathlab.kernels._triton_ut import inverse_grads_warps
+    ``benchmarks/ut_inverse_grads_steps.py``), so it runs 8 there, whatever the config says."""
+    from pathlab.kernels.ut_backward import inverse_grads_warps
 
-    monkeypatch.delenv("PATHLAB_PATH_UT_WARPS", raising=False)
     assert [inverse_grads_warps(d) for d in (16, 32, 64, 128)] == [8, 8, 4, 8]
-    monkeypatch.setenv("PATHLAB_PATH_UT_WARPS", "4")
-    assert [inverse_grads_warps(d) for d in (16, 32, 64)] == [8, 8, 4]
+    assert [inverse_grads_warps(d, KernelConfig(ut_warps=4)) for d in (16, 32, 64)] == [8, 8, 4]
 
 
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
@@ -239,7 +212,7 @@ def test_packed_sequences(form, monkeypatch):
     lengths = [1, 15, 40, 16]  # one token, one short of a chunk, a long one, exactly one chunk
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     inputs = token_inputs(1, sum(lengths), 4, 2, 16, (0.0, 2.0), seed=5)
-    compare(inputs, build_layout(1, sum(lengths), 16, "cpu", cu))
+    compare(inputs, build_layout(1, sum(lengths), 16, "cpu", cu), config=KernelConfig(ut_split=BACKWARD_FORMS[form]))
     assert launched == [FIRST_KERNEL[form]]
 
 
@@ -327,6 +300,7 @@ def test_auto_picks_the_fused_transform_on_cuda():
     assert [_ut_name("auto", on("cuda", D)) for D in (16, 32, 64, 128)] == ["triton_saved"] * 3 + ["triton"]
     assert [_ut_name("auto", on("cpu", D)) for D in (16, 64)] == ["torch", "torch"]
     assert _ut_name("torch", on("cuda", 64)) == "torch" and _ut_name("triton", on("cpu", 128)) == "triton"
+    assert _ut_name(None, on("cuda", 64)) == "triton_saved" and _ut_name(None, on("cpu", 64)) == "torch"
 
 
 def _graph_nodes(tensor):
@@ -340,24 +314,19 @@ def _graph_nodes(tensor):
     return names
 
 
-@pytest.mark.parametrize("env, fused", [(None, False), ("auto", False), ("torch", False), ("triton", True)])
-def test_environment_variable_selects_the_fused_transform(monkeypatch, env, fused):
-    """``PATHLAB_PATH_UT=triton`` switches the default, for benchmarks of whole models: the output then comes
-    from the recomputing op (UT kernels + scan), otherwise from the scan op fed by PyTorch's UT transform
-    (``auto``, the default, on a CPU)."""
-    if env is None:
-        monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
-    else:
-        monkeypatch.setenv("PATHLAB_PATH_UT", env)
+@pytest.mark.parametrize("ut, fused", [(None, False), ("auto", False), ("torch", False), ("triton", True)])
+def test_ut_argument_selects_the_fused_transform(ut, fused):
+    """``ut="triton"`` gives the output of the recomputing op (UT kernels + scan); otherwise (``auto``, the
+    default, on a CPU) it comes from the scan op fed by PyTorch's UT transform."""
     x = torch.randn(1, 20, 1, 16, requires_grad=True)
-    nodes = " ".join(_graph_nodes(path_attention_triton(x, x, x, x, torch.rand(1, 20, 1), block_size=16)))
+    nodes = " ".join(_graph_nodes(path_attention_triton(x, x, x, x, torch.rand(1, 20, 1), block_size=16, ut=ut)))
     assert ("path_recompute_fwd" in nodes) == fused and ("path_scan_fwd" in nodes) == (not fused), nodes
 
 
 def test_gather_and_scatter_chunks_invert_each_other():
     """Row r of chunk n holds the token that slot_tokens names for it (zeros for padding); scatter undoes it, also
     casting. With padding and without it (every sequence a whole number of chunks: one copy each way)."""
-    from pathlab.kernels._layout import gather_chunks, scatter_chunks
+    from pathlab.kernels.layout import gather_chunks, scatter_chunks
 
     packed = build_layout(1, 45, 16, "cpu", torch.tensor([0, 7, 30, 45], dtype=torch.int32))
     whole = build_layout(1, 48, 16, "cpu", torch.tensor([0, 16, 48], dtype=torch.int32))
@@ -383,7 +352,7 @@ def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
     head dim, the grouping and the way out, ut='torch'."""
     from triton.runtime.errors import OutOfResources
 
-    import pathlab.kernels._triton_ut as fused
+    import pathlab.kernels.ut_forward as fused
 
     class TooLarge:
         def __getitem__(self, grid):
@@ -397,20 +366,19 @@ def test_kernels_too_large_for_the_gpu_raise_a_clear_error(monkeypatch):
         ut_factors_triton(q, k, w, beta, build_layout(1, 20, 16, "cpu"))
 
 
-def test_ut_transform_benchmark_runs_on_the_cpu(monkeypatch):
+def test_ut_transform_benchmark_runs_on_the_cpu():
     """``benchmarks/bench_ut_transform.py`` at one small size under the interpreter, with tf32 products
-    (``PATHLAB_PATH_UT_HALF=0``; the half products are tested above): the fused and PyTorch routes agree to fp32
+    (``KernelConfig(ut_half=False)``; the half products are tested above): the fused and PyTorch routes agree to fp32
     rounding there (the interpreter computes tf32 products in fp32) in the fp32 factors and in dw, dβ, and to bf16
     rounding in dq, dk (bf16 like q, k); nothing is NaN, and the times are left out on a CPU."""
     import importlib.util
     import pathlib
 
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", "0")
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ut_transform.py"
     spec = importlib.util.spec_from_file_location("bench_ut_transform", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    row = bench.measure(70, 2, 1, 16, device="cpu")
+    row = bench.measure(70, 2, 1, 16, device="cpu", config=KernelConfig(ut_half=False))
     assert set(row["errs"]) == {"out0", "out1", "out2", "out3", "dq", "dk", "dw", "db"}
     errs = row["errs"]
     assert max(errs[n] for n in ("out0", "out1", "out2", "out3", "dw", "db")) < 1e-5, errs
@@ -452,17 +420,17 @@ def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range, w_dtype):
     I + strictLower(D_β W Wᵀ), on a buffer pre-filled with NaN, with the last chunk padded: fp32 accuracy, every
     element written. fp16 w takes the one-pass Gram product on its rows, here with rows of very different
     scales (1e-6 to 300, and zero rows)."""
-    from pathlab.kernels import _triton_ut
+    from pathlab.kernels import ut_common
 
     T = 2 * block + 7
     _, _, w, beta = token_inputs(1, T, 2, 2, 32, beta_range, seed=block)
     if w_dtype == torch.float16:
         w = (w * torch.tensor([1e-6, 1e-3, 1.0, 300.0, 0.0]).repeat(T)[:T, None, None]).half()
-        assert _triton_ut.gram_on_16_bit_rows(w.dtype)
+        assert ut_common.gram_on_16_bit_rows(w.dtype)
     wn = torch.nn.functional.normalize(w.double(), dim=-1)
     layout = build_layout(1, T, block, "cpu")
     got = torch.full((2, 3, block, block), float("nan"))
-    _triton_ut._inverse(w, beta, slot_tokens(layout, 1, T), T, block, out=got)
+    ut_common._inverse(w, beta, slot_tokens(layout, 1, T), T, block, out=got)
     wc, bc = to_chunks(wn, layout), to_chunks(beta.double(), layout)
     lower = torch.eye(block, dtype=torch.float64) + (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).tril(-1)
     want = torch.linalg.inv(lower)
@@ -473,24 +441,21 @@ def test_inverse_kernel_matches_the_fp64_inverse(block, beta_range, w_dtype):
 
 def test_gram_on_16_bit_rows_policy(monkeypatch):
     """The one-pass Gram product for fp16 w, and for bf16 w on a GPU (not under the interpreter, whose bf16
-    products are not exact); fp32 w keeps the 3-pass product; PATHLAB_PATH_INVERSE_GRAM16=0 turns it off."""
-    from pathlab.kernels._triton_ut import gram_on_16_bit_rows
+    products are not exact); fp32 w keeps the 3-pass product; ``KernelConfig(gram16=False)`` turns it off."""
+    from pathlab.kernels.ut_common import gram_on_16_bit_rows
 
     assert gram_on_16_bit_rows(torch.float16) and not gram_on_16_bit_rows(torch.float32)
     assert not gram_on_16_bit_rows(torch.bfloat16)  # these tests run under the interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert gram_on_16_bit_rows(torch.bfloat16)
-    monkeypatch.setenv("PATHLAB_PATH_INVERSE_GRAM16", "0")
-    assert not gram_on_16_bit_rows(torch.bfloat16) and not gram_on_16_bit_rows(torch.float16)
-    monkeypatch.setenv("PATHLAB_PATH_INVERSE_GRAM16", "maybe")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_INVERSE_GRAM16"):
-        gram_on_16_bit_rows(torch.float16)
+    off = KernelConfig(gram16=False)
+    assert not gram_on_16_bit_rows(torch.bfloat16, off) and not gram_on_16_bit_rows(torch.float16, off)
 
 
 def test_output_buffers_are_nan_under_the_interpreter_or_debug_and_unfilled_otherwise(monkeypatch):
-    """``_mode.unwritten``: NaN under the interpreter (these tests) and with PATHLAB_DEBUG=1 (the GPU tests);
+    """``runtime.unwritten``: NaN under the interpreter (these tests) and with PATHLAB_DEBUG=1 (the GPU tests);
     on a GPU run without debug no fill kernel is spent on a buffer the kernel overwrites."""
-    from pathlab.kernels import _mode
+    from pathlab.kernels import runtime as _mode
 
     assert torch.isnan(_mode.unwritten((3, 4), dtype=torch.float32, device="cpu")).all()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -509,11 +474,12 @@ def test_output_buffers_are_nan_under_the_interpreter_or_debug_and_unfilled_othe
 def test_fused_route_inverts_twice_per_forward_and_backward(monkeypatch):
     """The recomputing op inverts once in the forward and once in the backward, whose UT backward reuses the A
     of its own UT recomputation (a third inversion would repeat the same work)."""
-    from pathlab.kernels import _triton_ut
+    from pathlab.kernels import ut_backward, ut_forward
 
     calls = []
-    inverse = _triton_ut._inverse
-    monkeypatch.setattr(_triton_ut, "_inverse", lambda *a, **kw: calls.append(1) or inverse(*a, **kw))
+    inverse = ut_forward._inverse
+    for module in (ut_forward, ut_backward):
+        monkeypatch.setattr(module, "_inverse", lambda *a, **kw: calls.append(1) or inverse(*a, **kw))
     q, k, w, beta = (x.requires_grad_() for x in token_inputs(1, 40, 2, 1, 16, (0.0, 2.0), seed=5))
     v = torch.randn(1, 40, 1, 16, requires_grad=True)
     o = path_attention_triton(q, k, v, w, beta, block_size=16, ut="triton")
@@ -526,7 +492,7 @@ def test_fused_route_inverts_twice_per_forward_and_backward(monkeypatch):
 def test_saved_factors_route_equals_the_recomputing_route(gate, monkeypatch):
     """``ut="triton_saved"`` keeps the UT factors and A for the backward: the same output and gradients as
     ``ut="triton"`` (which recomputes them), with one inversion per forward+backward instead of two."""
-    from pathlab.kernels import _triton_ut
+    from pathlab.kernels import ut_backward, ut_forward
 
     q, k, w, beta = token_inputs(1, 45, 4, 2, 16, (0.0, 2.0), seed=6)
     gen = torch.Generator().manual_seed(7)
@@ -536,13 +502,15 @@ def test_saved_factors_route_equals_the_recomputing_route(gate, monkeypatch):
     results = {}
     for ut in ("triton", "triton_saved"):
         calls = []
-        inverse = _triton_ut._inverse
-        monkeypatch.setattr(_triton_ut, "_inverse", lambda *a, _inv=inverse, **kw: calls.append(1) or _inv(*a, **kw))
+        inverse = ut_forward._inverse
+        for module in (ut_forward, ut_backward):
+            monkeypatch.setattr(module, "_inverse", lambda *a, _inv=inverse, **kw: calls.append(1) or _inv(*a, **kw))
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, w, beta) + ((g,) if gate else ())]
         o = path_attention_triton(*leaves[:5], leaves[5] if gate else None, block_size=16, ut=ut)
         grads = torch.autograd.grad(o, leaves, do)
         results[ut] = (o, grads, len(calls))
-        monkeypatch.setattr(_triton_ut, "_inverse", inverse)
+        for module in (ut_forward, ut_backward):
+            monkeypatch.setattr(module, "_inverse", inverse)
     (o1, g1, n1), (o2, g2, n2) = results["triton"], results["triton_saved"]
     assert (n1, n2) == (2, 1)
     assert rel_rms(o2, o1) < 1e-6
@@ -551,39 +519,35 @@ def test_saved_factors_route_equals_the_recomputing_route(gate, monkeypatch):
 
 
 def test_lambda_precision_choice(monkeypatch):
-    """λ's products: bf16 operands on a GPU by default, tf32 under the interpreter (its bf16 products are not
-    exact); an unknown name is a clear error."""
-    from pathlab.kernels.path import _lambda_precision
+    """λ's products: bf16 operands for 16-bit inputs on a GPU, tf32 under the interpreter (its bf16 products are
+    not exact), exact fp32 for fp32 inputs."""
+    from pathlab.kernels.scan import lambda_bf16
 
-    monkeypatch.delenv("PATHLAB_PATH_BWD_LAMBDA", raising=False)
-    assert _lambda_precision() == "tf32"  # these tests run under the interpreter
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "bf16")
-    assert _lambda_precision() == "bf16"
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "fp8")
-    with pytest.raises(ValueError, match="PATHLAB_PATH_BWD_LAMBDA"):
-        _lambda_precision()
+    assert not lambda_bf16(torch.float16) and not lambda_bf16(torch.float32)  # these tests run interpreted
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert lambda_bf16(torch.float16) and not lambda_bf16(torch.float32)
 
 
-@pytest.mark.parametrize("half", ["0", "1"], ids=["tf32", "fp16-narrow-scratch"])
-@pytest.mark.parametrize("split", ["0", "1"], ids=["three-kernel-backward", "split-backward"])
-def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, half, monkeypatch):
+@pytest.mark.parametrize("half", [False, True], ids=["tf32", "fp16-narrow-scratch"])
+@pytest.mark.parametrize("split", [False, True], ids=["three-kernel-backward", "split-backward"])
+def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, half):
     """``ut_backward(..., consume=True)`` (what the fused routes call: dk̃'s buffer reused for the partial dk when
     the scratch is fp32, dM freed once read) empties the list it is handed and returns exactly what
     ``consume=False`` returns; the caller's copies are not touched by the non-consuming call."""
-    from pathlab.kernels._triton_ut import ut_backward, ut_forward
+    from pathlab.kernels.ut_backward import ut_backward
+    from pathlab.kernels.ut_forward import ut_forward
 
-    monkeypatch.setenv("PATHLAB_PATH_UT_SPLIT", split)
-    monkeypatch.setenv("PATHLAB_PATH_UT_HALF", half)
+    config = KernelConfig(ut_split=split, ut_half=half)
     q, k, w, beta = token_inputs(1, 37, 4, 2, 16, (0.0, 2.0), seed=11)
     tokens = slot_tokens(build_layout(1, 37, 16, "cpu"), 1, 37)
-    factors = ut_forward(q, k, w, beta, tokens, 16)[:4]
+    factors = ut_forward(q, k, w, beta, tokens, 16, config=config)[:4]
     gen = torch.Generator().manual_seed(12)
     grads = [torch.randn(f.shape, generator=gen) for f in factors]
     kept = [g.clone() for g in grads]
-    want = ut_backward(grads, q, k, w, beta, tokens, 16)
+    want = ut_backward(grads, q, k, w, beta, tokens, 16, config=config)
     assert all(torch.equal(a, b) for a, b in zip(grads, kept)), "consume=False changed its inputs"
     handed = [g.clone() for g in kept]
-    got = ut_backward(handed, q, k, w, beta, tokens, 16, consume=True)
+    got = ut_backward(handed, q, k, w, beta, tokens, 16, consume=True, config=config)
     assert handed == []
     for name, a, b in zip(["dq", "dk", "dw", "dβ"], got, want):
         assert torch.equal(a, b), name
@@ -591,7 +555,7 @@ def test_ut_backward_consuming_its_gradients_gives_the_same_result(split, half, 
 
 def test_scan_backward_into_its_inputs_needs_fp32_factors():
     """``_scan_bwd_impl(..., into_inputs=True)`` writes dq̃ and dS_d over q̃ and S_d, which must be fp32."""
-    from pathlab.kernels.path import _scan_bwd_impl
+    from pathlab.kernels.scan import _scan_bwd_impl
 
     H, NC, BT, D = 1, 2, 16, 16
     qs = torch.zeros(H, NC, BT, D, dtype=torch.float16)

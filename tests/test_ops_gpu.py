@@ -78,7 +78,7 @@ def test_rotation_bf16_gradients_under_each_sdpa_backend(rotate_values, backend)
                          ids=["rope-qk", "rotation-qk", "rotation-qkv"])  # RoPE rotates queries and keys only
 def test_rotation_kernel_matches_the_pytorch_rotation(variant, rotate_values, monkeypatch):
     """RoPE and constant-angle rotations run through ``pathlab::rotate_pairs`` on CUDA; the same call with
-    ``PATHLAB_ROTATE=torch`` (the PyTorch expression) and the fp64 reference agree with it, output and gradients."""
+    ``ROTATE_BACKEND = "torch"`` (the PyTorch expression) and the fp64 reference agree with it, output and gradients."""
     from pathlab.ops import positions
 
     q, k, v, theta, _ = _inputs(2, 333, 4, 64, torch.bfloat16)

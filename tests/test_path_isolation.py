@@ -164,7 +164,7 @@ def test_segmented_gate_offsets_do_not_cross_sequences():
     """``_layout.chunk_gate``: each sequence's fp64 offsets are sums over its own earlier chunks only, so a NaN
     or a −1e12 gate in one sequence (or in a chunk) changes neither another sequence's offsets nor the offset of
     the poisoned chunk itself (which counts only the chunks before it), and their gradients stay apart too."""
-    from pathlab.kernels._layout import build_layout, chunk_gate, to_chunks
+    from pathlab.kernels.layout import build_layout, chunk_gate, to_chunks
 
     for cu in (None, torch.tensor([0, 21, 50, 70, 71], dtype=torch.int32)):
         B, T = (3, 37) if cu is None else (1, 71)

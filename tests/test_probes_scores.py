@@ -20,8 +20,8 @@ VARIANTS = available_attention()  # every registered variant: a new one cannot b
 def _inputs(name, T=37, H=4, Hkv=4, D=8, C=24, seed=0):
     torch.manual_seed(seed)
     module = build_attention(name, n_embd=C, n_head=H, n_kv_head=Hkv, head_dim=D, vocab_size=50)
-    if name.startswith("rot_learned"):
-        torch.nn.init.normal_(module.angle_proj.weight, std=0.5)  # move away from RoPE
+    if getattr(module, "angle_proj", None) is not None:  # learned rotations: move away from RoPE
+        torch.nn.init.normal_(module.angle_proj.weight, std=0.5)
     B = 2
     q, k, v = (torch.randn(B, T, h, D) for h in (H, Hkv, Hkv))
     x = torch.randn(B, T, C)
@@ -65,7 +65,7 @@ def _brute(module, name, q, k, v, x, idx, positions, W):
     gap = np.log(zn) - np.log(zf / far.sum(-1))
     lam = np.where(valid[:, None], np.abs(s), 0).max(-1)
     vb = v[0].double()
-    if name.endswith("qkv"):
+    if module.score_terms(x[:1], idx[:1]).rotate_values:
         phase = accumulate_phases(module.angles(x[:1], idx[:1]), dim=1)[0]  # [T, H, D/2]
         bg = vb.mean(0)  # [H, D]
         kappa = np.zeros(rho.shape)

@@ -37,17 +37,18 @@ def _bench_kernels():
     return bench, path
 
 
-def test_method_settings_apply_only_inside_the_method(monkeypatch):
+def test_method_settings_are_kernel_configs():
+    from pathlab.kernels import KernelConfig
+
     bench, _ = _bench_kernels()
-    monkeypatch.setenv("PATHLAB_PATH_BWD_LAMBDA", "bf16")
-    monkeypatch.delenv("PATHLAB_PATH_UT", raising=False)
-    base, env = bench.parse_method("path@PATHLAB_PATH_BWD_LAMBDA=tf32@PATHLAB_PATH_UT=torch")
-    assert base == "path" and env == {"PATHLAB_PATH_BWD_LAMBDA": "tf32", "PATHLAB_PATH_UT": "torch"}
-    with bench.method_env(env):
-        assert os.environ["PATHLAB_PATH_BWD_LAMBDA"] == "tf32" and os.environ["PATHLAB_PATH_UT"] == "torch"
-    assert os.environ["PATHLAB_PATH_BWD_LAMBDA"] == "bf16" and "PATHLAB_PATH_UT" not in os.environ
-    assert bench.split_methods("path,path@PATHLAB_PATH_BWD=4,2,2,sdpa,") == ["path", "path@PATHLAB_PATH_BWD=4,2,2", "sdpa"]
-    for bad in ("pathx", "path@LOOPS=split", "path@PATHLAB_PATH_UT"):
+    base, settings = bench.parse_method("path@bwd_launch=8,1,1@prefetch=0")
+    assert base == "path" and settings == {"bwd_launch": (8, 1, 1), "prefetch": False}
+    assert bench.method_config(settings) == KernelConfig(bwd_launch=(8, 1, 1), prefetch=False)
+    assert bench.method_config({}) is None  # the kernel's own choices
+    tuned = KernelConfig(fwd_launch=(4, 2))
+    assert bench.method_config({"prefetch": True}, tuned) == KernelConfig(fwd_launch=(4, 2), prefetch=True)
+    assert bench.split_methods("path,path@bwd_launch=4,2,2,sdpa,") == ["path", "path@bwd_launch=4,2,2", "sdpa"]
+    for bad in ("pathx", "path@loops=split", "path@prefetch", "path@prefetch=2", "path@bwd_launch=a", "sdpa@prefetch=1"):
         with pytest.raises(SystemExit):
             bench.parse_method(bad)
 
@@ -59,8 +60,8 @@ def test_profile_case_splits_scan_and_rest():
     assert row["B"] == 2 and row["ms_per_call"] > 0 and len(row["kernels"]) == 5
     assert row["scan_ms"] == 0 and row["ut_ms"] == 0 and row["other_ms"] == pytest.approx(row["ms_per_call"])
     kernels = path.parents[1] / "kernels"
-    for files, names in ((("_triton_path.py", "_triton_bwd_by_sequence.py"), bench.SCAN_KERNELS),
-                         (("_triton_ut.py",), bench.UT_KERNELS)):
+    for files, names in ((("scan_forward.py", "scan_backward_by_chunk.py", "scan_backward_by_sequence.py"), bench.SCAN_KERNELS),
+                         (("ut_common.py", "ut_forward.py", "ut_backward.py"), bench.UT_KERNELS)):
         source = "".join((kernels / f).read_text() for f in files)  # (importing them would import triton)
         assert all(f"def {name}(" in source for name in names)  # the split looks for the real names
 
@@ -102,8 +103,8 @@ def test_live_tensor_bytes_counts_what_ops_make_until_it_is_freed():
 def test_live_tensor_bytes_opens_a_custom_op():
     """A custom op's own buffers are unseen unless its Python implementation runs under the meter: the fused UT
     forward's inverse A (``[Hkv, NC, BT, BT]`` fp32) is freed inside, so only the opened op shows it at the peak."""
-    from pathlab.kernels import _triton_ut
-    from pathlab.kernels._layout import build_layout, slot_tokens
+    from pathlab.kernels import ut_backward as _triton_ut
+    from pathlab.kernels.layout import build_layout, slot_tokens
 
     B, T, H, D, BT = 1, 40, 2, 16, 16
     q, k, w = (torch.randn(B, T, H, D) for _ in range(3))
@@ -151,7 +152,7 @@ def test_backward_in_head_groups_lowers_the_peak(monkeypatch):
         "memory_phases", pathlib.Path(__file__).parents[1] / "benchmarks" / "memory_phases.py")
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
-    from pathlab.kernels import _recompute
+    from pathlab.kernels import fused as _recompute
 
     monkeypatch.setattr(_recompute, "GROUPS_FROM_CHUNKS", 1)
     peaks, steps = {}, {}
@@ -233,7 +234,7 @@ def test_memory_phases_wraps_each_step_of_the_fused_route_and_restores_it(monkey
         "memory_phases", pathlib.Path(__file__).parents[1] / "benchmarks" / "memory_phases.py")
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
-    from pathlab.kernels import _recompute, path, path_attention_triton
+    from pathlab.kernels import fused as _recompute, fused as path, path_attention_triton
 
     reads = iter(range(1, 10_000))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 from pathlab.ops.rotate_op import rotate_pairs, supports  # noqa: E402
 from pathlab.ops.positions import rotate_cos_sin  # noqa: E402
-from pathlab.testing import assert_backend_variable, rel_err  # noqa: E402
+from pathlab.testing import rel_err  # noqa: E402
 
 
 def tables(shape, gen):
@@ -104,10 +104,6 @@ def test_supports_only_constant_fp32_tables():
     assert not supports(x, cos.double(), sin.double())  # fp64 rotations stay in PyTorch
     assert not supports(x, cos.requires_grad_(), sin)  # learned angles need d cos, d sin
     assert not supports(x[0], cos.detach(), sin)  # 3-D x
-
-
-def test_environment_variable_chooses_the_cuda_rotation():
-    assert_backend_variable("pathlab.ops.positions", "ROTATE_BACKEND", "PATHLAB_ROTATE")
 
 
 @pytest.mark.parametrize("attention", ["rope", "rot_random_qk", "rot_random_qkv", "rot_learned_qkv"])

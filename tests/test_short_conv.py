@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 from pathlab.ops import short_conv  # noqa: E402
 from pathlab.ops.short_conv import conv_silu_expression, short_conv_silu, supports  # noqa: E402
-from pathlab.testing import assert_backend_variable, rel_err  # noqa: E402
+from pathlab.testing import rel_err  # noqa: E402
 
 CASES = [  # B, T, C, K
     (1, 1, 3, 3),  # one step: only the last tap sees an input
@@ -148,27 +148,22 @@ def test_path_module_uses_the_op_where_cuda_would(monkeypatch):
     assert calls == []
 
 
-def test_environment_variable_chooses_the_cuda_convolution():
-    assert_backend_variable("pathlab.ops.short_conv", "SHORT_CONV_BACKEND", "PATHLAB_SHORT_CONV")
+def test_every_tile_gives_the_same_convolution():
+    """``KernelConfig.short_conv_tile`` changes only how the work is cut: y and dx are the same bit for bit, d taps
+    the same sums in another order; a tile that is not three powers of two is refused."""
+    from pathlab.kernels import KernelConfig
+    from pathlab.kernels.short_conv import short_conv_silu_backward_launch, short_conv_silu_launch
 
-
-def test_every_tile_gives_the_same_convolution(monkeypatch):
-    """``PATHLAB_SHORT_CONV_TILE`` changes only how the work is cut: y and dx are the same bit for bit, d taps the
-    same sums in another order; a tile that is not three powers of two is refused."""
     gen = torch.Generator().manual_seed(6)
     x, taps, dy = inputs(2, 37, 20, 3, torch.float32, gen)
-    x, taps = x.requires_grad_(), taps.requires_grad_()
 
-    def run():
-        y = short_conv_silu(x, taps)
-        return [y, *torch.autograd.grad(y, (x, taps), dy)]
+    def run(config=None):
+        return [short_conv_silu_launch(x, taps, config), *short_conv_silu_backward_launch(x, taps, dy, config)]
 
     default = run()
-    monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", "4,8,1")
-    other = run()
+    other = run(KernelConfig(short_conv_tile=(4, 8, 1)))
     assert torch.equal(other[0], default[0]) and torch.equal(other[1], default[1])
     assert rel_err(other[2], default[2]) < 1e-6
-    for bad in ("3,8,1", "8,8", "a,8,1"):
-        monkeypatch.setenv("PATHLAB_SHORT_CONV_TILE", bad)
-        with pytest.raises(ValueError, match="PATHLAB_SHORT_CONV_TILE must be three powers of two"):
-            short_conv_silu(x, taps)
+    for bad in ((3, 8, 1), (8, 8)):
+        with pytest.raises(ValueError, match="short_conv_tile must be three powers of two"):
+            KernelConfig(short_conv_tile=bad)

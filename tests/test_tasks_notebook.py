@@ -71,7 +71,7 @@ def test_find_results_prefers_complete_folders(tmp_path):
 
 @pytest.mark.notebooks
 def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
-    from pathlab.figures import collect_results, run_notebook
+    from pathlab.figures import collect_outputs, run_notebook
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits it: tiny models, one thread
 
@@ -79,7 +79,8 @@ def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
                              {"profile": "tiny-cpu", "fast": True, "out_dir": str(tmp_path / "fig"),
                               "retrain": True}, ROOT)
     assert ok, error
-    (res,) = collect_results(tmp_path / "fig", 0.0)
+    (res,), absent = collect_outputs(tmp_path / "fig", ["state_tracking"])
+    assert not absent
     assert res["stem"] == "state_tracking" and res["figure"]
     record = json.loads((tmp_path / "fig" / "state_tracking.json").read_text())
     assert record["parameters"] == {"profile": "tiny-cpu", "fast": True, "retrain": True}

@@ -6,7 +6,7 @@ import torch
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
-from pathlab.attention.base import PositionalAttention
+from pathlab.attention.base import PositionalAttention, ScoreTerms
 from pathlab.ops.positions import alibi_slopes
 from pathlab.ops.softmax import alibi_attention
 
@@ -21,6 +21,9 @@ class ALiBi(PositionalAttention):
 
     def reference(self, q, k, v, *, x, idx=None):
         return reference.alibi_attention(q, k, v, slopes=self.slopes, return_attention=True)
+
+    def score_terms(self, x, idx=None):
+        return ScoreTerms(slopes=self.slopes)
 
     def _append(self, cache, k, v):
         B, T = k.shape[:2]

@@ -3,7 +3,10 @@
 The attention block owns the q/k/v/o projections; a :class:`PositionalAttention` owns only what is positional
 (angles, gates, Householder directions) and turns projected ``q, k, v [B, T, H, D]`` into the output
 ``o [B, T, H, Dv]``. Each variant has a fast path (:meth:`attend`) and a reference path (:meth:`reference`)
-that also returns the ``[B, H, T, T]`` logits and probabilities for the probes.
+that also returns the ``[B, H, T, T]`` logits and probabilities for the probes, and describes its logits in
+:meth:`~PositionalAttention.score_terms` so that the streamed probes (:mod:`pathlab.probes.scores`) can form them
+at any length. Everything the model, the probes and the task runner need to know about a variant comes from these
+methods and class attributes, so a new variant is one module plus one registry entry.
 """
 
 from __future__ import annotations
@@ -13,6 +16,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+
+@dataclass
+class ScoreTerms:
+    """The positional part of one layer's logits for a batch, as the streamed probes consume it:
+
+        s_ij = q_iᵀ P_{i←j} k_j / √D  +  Σ_{l=j+1}^{i} g_l  −  m_h (i − j)     (j ≤ i)
+
+    The transport P_{i←j} is the identity when neither ``phase`` nor ``householder`` is set; the rotation
+    R(Φ_i − Φ_j) with ``phase`` (block b = the coordinate pair (x_b, x_{b+D/2}), so s_ij = R(−Φ_i)q_i · R(−Φ_j)k_j);
+    the Householder product H_i ⋯ H_{j+1}, H_t = I − β_t w_t w_tᵀ, with ``householder``. The gate sum and the
+    distance bias are not scaled by 1/√D. Tensors may stay in the model's dtype; the probes cast them to fp64.
+    """
+
+    phase: torch.Tensor | None = None  # [B, T, H, D/2] accumulated phases Φ_t (fp64)
+    rotate_values: bool = False  # with ``phase``: values transported too, o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j
+    householder: tuple[torch.Tensor, torch.Tensor] | None = None  # (unit w [B, T, Hkv, D], β [B, T, Hkv])
+    log_gate: torch.Tensor | None = None  # [B, T, H] log forget gates g_t ≤ 0
+    slopes: torch.Tensor | None = None  # [H] distance slopes m_h
+
+    @property
+    def transported(self) -> bool:
+        """Whether the logit carries a transport (the probes then also measure s⁰ = q_iᵀk_j/√D without it)."""
+        return self.phase is not None or self.householder is not None
 
 
 @dataclass
@@ -24,7 +50,15 @@ class AttentionRecord:
 
 
 class PositionalAttention(nn.Module):
-    """Base class. Subclasses implement :meth:`attend`, :meth:`reference`, :meth:`prefill` and :meth:`step`."""
+    """Base class. Subclasses implement :meth:`attend`, :meth:`reference`, :meth:`score_terms`, :meth:`prefill`
+    and :meth:`step`, and set the class attributes below that apply to them."""
+
+    #: the variant rotates coordinate pairs, so the head dimension must be even (checked by ``ModelConfig``)
+    even_head_dim: bool = False
+    #: :meth:`step_angles` returns per-token step angles (accumulated rotations; the M2 probes read them)
+    has_step_angles: bool = False
+    #: options that rerun the variant on its plain-PyTorch path after a fast kernel failed (the task suite's retry)
+    fallback_options: dict = {}
 
     def __init__(self, *, n_embd: int, n_head: int, n_kv_head: int, head_dim: int, vocab_size: int, layer_idx: int):
         super().__init__()
@@ -44,6 +78,23 @@ class PositionalAttention(nn.Module):
     def reference(self, q, k, v, *, x, idx=None):
         """Returns ``(o, logits, probs)`` from :mod:`pathlab.reference`."""
         raise NotImplementedError
+
+    # ----------------------------------------------------------------- what the probes and the runner read
+    def score_terms(self, x, idx=None) -> ScoreTerms:
+        """The positional terms of the logits for layer input ``x [B, T, C]`` and tokens ``idx [B, T]``, computed
+        for the whole batch as in the forward pass (same rounding)."""
+        raise NotImplementedError(f"no streamed logits for attention module {type(self).__name__}: it does not "
+                                  "implement score_terms")
+
+    def step_angles(self, x, idx=None) -> torch.Tensor | None:
+        """Step angles θ ``[B, T, H, D/2]`` whose running sums are the rotation phases; None for variants without
+        (set :attr:`has_step_angles` when overriding)."""
+        return None
+
+    def kernel_backend(self, device) -> str | None:
+        """The kernel backend this layer runs on ``device`` (e.g. "triton" or "torch") for variants that choose
+        one; None otherwise."""
+        return None
 
     # ----------------------------------------------------------------- generation
     def new_cache(self, batch: int, max_len: int, *, device, dtype) -> "SoftmaxCache":

@@ -8,7 +8,7 @@ from torch import nn
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
-from pathlab.attention.base import PositionalAttention
+from pathlab.attention.base import PositionalAttention, ScoreTerms
 from pathlab.ops.softmax import fox_attention
 
 
@@ -34,6 +34,9 @@ class FoX(PositionalAttention):
 
     def reference(self, q, k, v, *, x, idx=None):
         return reference.fox_attention(q, k, v, self.gate(x), return_attention=True)
+
+    def score_terms(self, x, idx=None):
+        return ScoreTerms(log_gate=self.gate(x))
 
     def _append(self, cache, k, v, g):
         running = cache.state.get("G", torch.zeros_like(g[:, 0]))

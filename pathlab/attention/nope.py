@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
-from pathlab.attention.base import PositionalAttention
+from pathlab.attention.base import PositionalAttention, ScoreTerms
 from pathlab.ops.softmax import nope_attention
 
 
@@ -16,6 +16,9 @@ class NoPE(PositionalAttention):
 
     def reference(self, q, k, v, *, x, idx=None):
         return reference.nope_attention(q, k, v, return_attention=True)
+
+    def score_terms(self, x, idx=None):
+        return ScoreTerms()
 
     def prefill(self, cache, q, k, v, *, x, idx=None):
         cache.append(expand_kv_heads(k, self.n_head), expand_kv_heads(v, self.n_head))

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from pathlab import reference
-from pathlab.attention.base import PositionalAttention
+from pathlab._checks import normalize_w
+from pathlab.attention.base import PositionalAttention, ScoreTerms
 from pathlab.attention.fox import ForgetGate
-from pathlab.ops.path import BACKENDS, path_attention
+from pathlab.ops.path import BACKENDS, path_attention, resolve_backend
 from pathlab.ops.short_conv import causal_conv_silu
 
 
@@ -33,6 +34,8 @@ class PathGenerationCache:
 
 
 class PaTH(PositionalAttention):
+    fallback_options = {"backend": "torch"}  # the blockwise PyTorch path, when a Triton kernel fails
+
     def __init__(self, *, use_gate: bool = False, w_rank: int = 32, conv_size: int = 3, beta_max: float | None = None,
                  backend: str = "auto", chunk_size: int = 64, **common):
         super().__init__(**common)
@@ -84,6 +87,13 @@ class PaTH(PositionalAttention):
     def reference(self, q, k, v, *, x, idx=None):
         w, beta, g = self.path_inputs(x)
         return reference.path_attention(q, k, v, w, beta, g, return_attention=True)
+
+    def score_terms(self, x, idx=None):
+        w, beta, g = self.path_inputs(x)
+        return ScoreTerms(householder=(normalize_w(w), beta), log_gate=g)
+
+    def kernel_backend(self, device):
+        return resolve_backend(self.backend, device)
 
     # ----------------------------------------------------------------- generation
     def new_cache(self, batch: int, max_len: int, *, device, dtype):

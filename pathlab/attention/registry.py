@@ -1,4 +1,9 @@
-"""Attention variants by name: ``build_attention("path", ...)``; :func:`available_attention` lists them."""
+"""Attention variants by name: ``build_attention("path", ...)``; :func:`available_attention` lists them.
+
+A new variant is a :class:`~pathlab.attention.base.PositionalAttention` subclass in its own module plus one entry
+here (or a :func:`register_attention` call): the model, the probes and the task runner ask the class, never the
+name.
+"""
 
 from __future__ import annotations
 
@@ -63,13 +68,40 @@ def _lookup(name: str):
     return REGISTRY[name]
 
 
-def build_attention(name: str, *, n_embd: int, n_head: int, n_kv_head: int, head_dim: int, vocab_size: int,
-                    layer_idx: int = 0, **kwargs) -> PositionalAttention:
-    """Instantiate variant ``name``; unknown options raise ``ValueError`` listing the accepted ones."""
-    cls, fixed, _ = _lookup(name)
+def attention_class(name: str) -> type[PositionalAttention]:
+    """The class of variant ``name`` (its class attributes answer questions asked before a model is built)."""
+    return _lookup(name)[0]
+
+
+def register_attention(name: str, cls: type[PositionalAttention], description: str, **fixed) -> None:
+    """Add variant ``name``: ``cls`` built with the keyword options ``fixed`` (those are not user options)."""
+    if not (isinstance(cls, type) and issubclass(cls, PositionalAttention)):
+        raise ValueError(f"attention {name!r}: {cls!r} is not a PositionalAttention subclass")
+    if not isinstance(name, str) or not name or name in REGISTRY:
+        raise ValueError(f"attention name {name!r} is empty or already registered")
+    REGISTRY[name] = (cls, dict(fixed), description)
+
+
+def _check_options(name: str, kwargs: dict) -> dict:
     allowed = attention_options(name)
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"attention {name!r} does not take {unknown}; its options are {sorted(allowed)}")
+    return allowed
+
+
+def attention_settings(name: str, **kwargs) -> dict:
+    """Every keyword option variant ``name`` is built with: its options' defaults, overridden by the registry's
+    fixed options and by ``kwargs`` (unknown ones raise ``ValueError``). Reads a run's variant from its config
+    without building a model, e.g. ``attention_settings("rot_random_qkv")["rotate_values"]``."""
+    _, fixed, _ = _lookup(name)
+    return {**_check_options(name, kwargs), **fixed, **kwargs}
+
+
+def build_attention(name: str, *, n_embd: int, n_head: int, n_kv_head: int, head_dim: int, vocab_size: int,
+                    layer_idx: int = 0, **kwargs) -> PositionalAttention:
+    """Instantiate variant ``name``; unknown options raise ``ValueError`` listing the accepted ones."""
+    cls, fixed, _ = _lookup(name)
+    _check_options(name, kwargs)
     return cls(n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, vocab_size=vocab_size,
                layer_idx=layer_idx, **fixed, **kwargs)

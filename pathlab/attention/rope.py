@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
-from pathlab.attention.base import PositionalAttention
-from pathlab.ops.positions import rope_cos_sin, rotate_cos_sin, rotation_dtype
+from pathlab.attention.base import PositionalAttention, ScoreTerms
+from pathlab.ops.positions import rope_cos_sin, rope_phases, rotate_cos_sin, rotation_dtype
 from pathlab.ops.softmax import rope_attention
 
 
@@ -16,6 +16,8 @@ class RoPE(PositionalAttention):
     cos/sin of the phases come from one table per (head dim, base, device, dtype), shared by every layer and
     call (:func:`~pathlab.ops.positions.rope_cos_sin`).
     """
+
+    even_head_dim = True
 
     def __init__(self, *, base: float = 10000.0, **common):
         super().__init__(**common)
@@ -31,6 +33,12 @@ class RoPE(PositionalAttention):
 
     def reference(self, q, k, v, *, x, idx=None):
         return reference.rope_attention(q, k, v, base=self.base, return_attention=True)
+
+    def score_terms(self, x, idx=None):
+        """Φ_t = t ω_b, the same for every window and head."""
+        B, T = x.shape[:2]
+        phase = rope_phases(T, self.head_dim, self.base, device=x.device)  # [T, D/2] fp64
+        return ScoreTerms(phase=phase[None, :, None, :].expand(B, T, self.n_head, self.head_dim // 2))
 
     def _cos_sin(self, start: int, length: int, like):
         """cos/sin of positions start … start + length − 1, ``[1, length, 1, D/2]``, for tensors like ``like``."""

@@ -41,7 +41,7 @@ from torch import nn
 
 from pathlab import reference
 from pathlab._checks import expand_kv_heads
-from pathlab.attention.base import PositionalAttention
+from pathlab.attention.base import PositionalAttention, ScoreTerms
 from pathlab.attention.fox import ForgetGate
 from pathlab.ops.positions import (TWO_PI, accumulate_phases, cos_sin, rope_frequencies, rotate_cos_sin,
                                    rotation_dtype)
@@ -115,6 +115,9 @@ class RotationAttention(PositionalAttention):
     ``dispersion`` τ (ξ ~ 1 + τ·U[−1, 1]) or ``window`` W (θ = ω_b + σ ε, σ² = 2 ln(1/ε₀)/W; random mode only,
     not with a non-default τ), ``forget_gate`` (FoX's gate), ``base`` (of ω_b) and ``seed`` (of the random tables).
     """
+
+    even_head_dim = True
+    has_step_angles = True
 
     def __init__(self, *, mode: str = "random", rotate_values: bool = False, forget_gate: bool = False,
                  table: str = "token", dispersion: float = 1.0, window: float | None = None, base: float = 10000.0,
@@ -193,6 +196,14 @@ class RotationAttention(PositionalAttention):
                                                 return_attention=True)
         return reference_rotation_fox_attention(q, k, v, theta, self.gate(x), rotate_values=self.rotate_values,
                                                 return_attention=True)
+
+    def step_angles(self, x, idx=None):
+        return self.angles(x, idx)
+
+    def score_terms(self, x, idx=None):
+        """Φ_t = Σ_{s≤t} θ_s, in fp64 (:func:`~pathlab.ops.positions.accumulate_phases`)."""
+        return ScoreTerms(phase=accumulate_phases(self.angles(x, idx), dim=1), rotate_values=self.rotate_values,
+                          log_gate=self.gate(x) if self.gate is not None else None)
 
     # ----------------------------------------------------------------- generation
     # The cache holds k̃_j = R(−Φ_j) k_j (and ṽ_j = R(−Φ_j) v_j), the running phase Φ_t and, with the gate, the gate

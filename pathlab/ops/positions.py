@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 
 import torch
 
 from pathlab.ops import rotate_op
 
 TWO_PI = 2.0 * math.pi
-ROTATE_BACKEND = os.environ.get("PATHLAB_ROTATE", "triton")  # "torch": rotations stay PyTorch expressions on CUDA
-if ROTATE_BACKEND not in ("triton", "torch"):
-    raise ValueError(f"PATHLAB_ROTATE must be 'triton' or 'torch', got {ROTATE_BACKEND!r}")
+ROTATE_BACKEND = "triton"  # on CUDA; the GPU tests set "torch" to compare the op with the PyTorch expression
 
 
 def _check_rotary(head_dim: int, base: float) -> None:
@@ -99,7 +96,7 @@ def rotate_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
 
     On CUDA, a ``[B, T, H, D]`` x rotated by fp32 tables that need no gradient (RoPE, random rotations) goes
     through the custom op ``pathlab::rotate_pairs`` (:mod:`pathlab.ops.rotate_op`, a Triton kernel with the same
-    arithmetic), unless ``PATHLAB_ROTATE=torch`` was set when pathlab was imported. ``cached_table``: cos/sin are
+    arithmetic). ``cached_table``: cos/sin are
     (slices of) :func:`rope_cos_sin`'s table in ``rotation_dtype(x.dtype)`` on x's device.
     """
     if _use_rotate_op(x, cos, sin, cached_table):

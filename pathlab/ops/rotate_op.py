@@ -11,9 +11,8 @@ dtype, as in :func:`pathlab.ops.positions.rotate_cos_sin`. The kernel is :mod:`p
 when the op first runs (never while ``torch.compile`` traces, and ``import pathlab`` does not import triton).
 
 Why an op: written in PyTorch under ``torch.compile``, Inductor fused RoPE's back-rotation of dq and dk with the
-concatenation of dq, dk, dv into the qkv projection's gradient, and that fused kernel took 0.63 ms per layer of the
-``owt16`` model on an H200 (NoPE's concatenation alone: 0.07 ms), about 10 ms of an 83 ms training step. As an
-op, the rotation is one read and one write of x in either direction, and the concatenation stays a plain copy.
+concatenation of dq, dk, dv into the qkv projection's gradient, a kernel many times slower than the copy alone. As
+an op, the rotation is one read and one write of x in either direction, and the concatenation stays a plain copy.
 """
 
 from __future__ import annotations

@@ -7,28 +7,16 @@ The inputs before the sequence's start are ``tail`` (the last K − 1 inputs whi
 The arithmetic runs in fp32 at least and y has x's dtype.
 
 Why an op: as K shifted products in PyTorch under ``torch.compile``, Inductor made the padded window, the product
-sums and SiLU, and their gradients, in six kernels, three each way, and on an H200 they took 6.0 ms of a 125.6 ms
-``owt16`` training step (16 layers, 64 × 512 tokens, C = 768;
-``benchmarks/results/throughput-h200-profile-all-path-*.json``), where reading x and writing y, then reading x and
-dy and writing dx, is about 0.07 ms per layer. The op is one kernel each way (:mod:`pathlab.kernels.short_conv`:
-the backward recomputes z from x and keeps nothing else) and a sum of the per-program parts of d taps. Measured
-alone at that shape: forward 0.039 ms against the compiled expression's 0.080, forward+backward 0.234 against
-0.320 (``short-conv-tiles-h200-*.json``); in the model, 1.4 ms of a step is within the spread of a run
-(``docs/language-models.md``). The backward is still several times what its memory traffic needs. The kernels
-are imported when the op first runs, never while ``torch.compile`` traces. ``PATHLAB_SHORT_CONV=torch``, read when
-pathlab is imported, keeps the PyTorch expression on CUDA.
+sums and SiLU, and their gradients, in six kernels, three each way, where reading x and writing y, then reading x
+and dy and writing dx, is all the work needs. The op is one kernel each way (:mod:`pathlab.kernels.short_conv`:
+the backward recomputes z from x and keeps nothing else) and a sum of the per-program parts of d taps. The
+kernels are imported when the op first runs, never while ``torch.compile`` traces.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
-
-SHORT_CONV_BACKEND = os.environ.get("PATHLAB_SHORT_CONV", "triton")
-if SHORT_CONV_BACKEND not in ("triton", "torch"):
-    raise ValueError(f"PATHLAB_SHORT_CONV must be 'triton' or 'torch', got {SHORT_CONV_BACKEND!r}")
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -92,9 +80,8 @@ def causal_conv_silu(x: torch.Tensor, taps: torch.Tensor, tail: torch.Tensor | N
     """y_t = silu(Σ_k x_{t−K+1+k} ⊙ taps[:, k]) for ``x [B, T, C]``, ``taps [C, K]``; ``tail [B, K − 1, C]`` holds
     the inputs before t = 0 (zeros if None). Summed in fp32 at least; y has x's dtype.
 
-    On CUDA without a tail this is the custom op :func:`short_conv_silu` (unless ``PATHLAB_SHORT_CONV=torch``);
-    otherwise :func:`conv_silu_expression`."""
-    if tail is None and _on_cuda(x) and SHORT_CONV_BACKEND == "triton" and supports(x, taps):
+    On CUDA without a tail this is the custom op :func:`short_conv_silu`; otherwise :func:`conv_silu_expression`."""
+    if tail is None and _on_cuda(x) and supports(x, taps):
         return short_conv_silu(x, taps)
     return conv_silu_expression(x, taps, tail)
 

@@ -62,8 +62,9 @@ def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: 
     c_h(n) = Σ_b |u_b| |C_b(n)| / Σ_b |u_b| for n = 1 … n_max and W_h = min{n : c_h(n) ≤ ε}.
     Fallback ``fallback`` (docs/theory.md#near-set:
     the training context, so far = beyond training) for heads with no such n, and for every head of a layer
-    without step angles (RoPE: deterministic, no mixing; ALiBi, FoX, NoPE: no transport; PaTH: its Householder
-    transport has no per-block phase, which this measurement does not cover).
+    whose variant has no step angles (:meth:`~pathlab.attention.base.PositionalAttention.step_angles` gives None;
+    RoPE: deterministic, no mixing; ALiBi, FoX, NoPE: no transport; PaTH: its Householder transport has no
+    per-block phase, which this measurement does not cover).
 
     Returns numpy arrays: ``W`` ``[layers, H]`` (the widths to use), ``W_m2`` (inf where the head did not mix),
     ``fallback`` (bool ``[layers, H]``), ``eps``, ``n_max`` and, when some layer has angles, ``coherence`` c_h(n) (normalised, in [0, 1])
@@ -84,14 +85,15 @@ def learned_head_windows(model, windows: torch.Tensor, *, n_max: int, fallback: 
 
     def callback(layer, module, q, k, v, x, idx):
         heads[layer] = q.shape[2]
-        if hasattr(module, "angles"):
-            thetas[layer].append(module.angles(x, idx).detach())
+        theta = module.step_angles(x, idx)
+        if theta is not None:
+            thetas[layer].append(theta.detach())
             qs[layer].append(q.detach())
             ks[layer].append(expand_kv_heads(k, q.shape[2]).detach())
 
     device = next(model.parameters()).device
     windows = windows.to(device)
-    any_angles = any(hasattr(b.attn.positional, "angles") for b in model.blocks)
+    any_angles = any(b.attn.positional.has_step_angles for b in model.blocks)
     if any_angles:
         with positional_hooks(model, callback):
             for start in range(0, windows.shape[0], batch):
@@ -156,8 +158,9 @@ def measure_model(model, windows: torch.Tensor, *, n_queries: int = 64, span: in
     thetas = [[] for _ in range(n_layer)]
 
     def callback(layer, module, q, k, v, x, idx):
-        if hasattr(module, "angles") and angle_lag:
-            thetas[layer].append(module.angles(x, idx).detach().float())
+        theta = module.step_angles(x, idx) if angle_lag else None
+        if theta is not None:
+            thetas[layer].append(theta.detach().float())
         res = scores.probe_layer(module, q, k, v, x, idx, positions[start:start + q.shape[0]], edges=edges,
                                  windows=widths[:, layer], chunk=chunk)
         for acc, _ in res:

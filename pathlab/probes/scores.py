@@ -13,9 +13,12 @@ For a set of sampled query positions of one window, the logits s_ij of every key
   is the full logit, gate included, as in every other statistic of the gated variants, so its ρ_s also carries
   the gate's correlation with s⁰.
 
-Logits of each variant (scale = 1/√D; gates and biases unscaled, as in :mod:`pathlab.reference`):
-NoPE q·k; RoPE and accumulated rotations R(−Φ_i)q · R(−Φ_j)k; ALiBi q·k − m_h (i − j); FoX q·k + G_i − G_j;
-PaTH q_iᵀ H_i ⋯ H_{j+1} k_j (+ G_i − G_j), computed by carrying the sampled queries leftwards one key at a time.
+Logits of a layer come from its variant's :meth:`~pathlab.attention.base.PositionalAttention.score_terms`
+(:class:`~pathlab.attention.base.ScoreTerms`; scale = 1/√D, gates and biases unscaled, as in
+:mod:`pathlab.reference`): q·k/√D, with q and k rotated by R(−Φ_t) when the terms have phases (RoPE, accumulated
+rotations), plus G_i − G_j with a gate (FoX, gated rotations, PaTH-FoX) and − m_h (i − j) with slopes (ALiBi); with a
+Householder transport (PaTH) q_iᵀ H_i ⋯ H_{j+1} k_j, computed by carrying the sampled queries leftwards one key at a
+time.
 
 Everything runs in fp64 on the device of the layer's tensors (a GPU when the model is on one, the CPU otherwise):
 the work is O(L·m·H·D) per layer and window, best done where q, k, v already are, without copying them. Only the
@@ -32,8 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pathlab._checks import expand_kv_heads, normalize_w
-from pathlab.ops.positions import accumulate_phases, rope_phases, rotate
+from pathlab._checks import expand_kv_heads
+from pathlab.ops.positions import rotate
 
 F64 = torch.float64
 
@@ -74,7 +77,7 @@ class PreparedLayer:
     """One window's layer inputs turned into what the logits need (all fp64 on the layer's device, heads expanded,
     ``[T, H, D]``)."""
 
-    kind: str  # "dot" (NoPE, RoPE, rotations, ALiBi, FoX) or "path"
+    kind: str  # "path" (Householder transport: PaTH) or "dot" (every other variant)
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor  # values as summed: transported ṽ_j = R(−Φ_j) v_j for Q/K/V rotations, else v_j
@@ -93,57 +96,37 @@ class PreparedLayer:
 def prepare_layer(module, q, k, v, x, idx, b: int, memo: dict | None = None) -> PreparedLayer:
     """Build the logit ingredients of window ``b`` from a positional module's inputs (``q [B, T, H, D]`` …).
 
-    The module's own tensors (angles, Householder directions, gates) are computed once for the whole batch, as in
-    the model's forward, and kept in ``memo`` across the windows of a batch. Everything stays on q's device.
+    The module's own tensors (its :meth:`~pathlab.attention.base.PositionalAttention.score_terms`: phases,
+    Householder directions, gates) are computed once for the whole batch, as in the model's forward, and kept in
+    ``memo`` across the windows of a batch. Everything stays on q's device.
     """
     memo = {} if memo is None else memo
     dev = q.device
-    from pathlab.attention.alibi import ALiBi
-    from pathlab.attention.fox import FoX
-    from pathlab.attention.path import PaTH
-    from pathlab.attention.rope import RoPE
-    from pathlab.attention.rotation import RotationAttention
-
     H, D = q.shape[2], q.shape[3]
     scale = D ** -0.5
     qb = q[b].to(dev, F64)
     kb = expand_kv_heads(k, H)[b].to(dev, F64)
     vb = expand_kv_heads(v, H)[b].to(dev, F64)
-    T = qb.shape[0]
-    if isinstance(module, PaTH):
-        if "path" not in memo:
-            w, beta, g = module.path_inputs(x)  # whole batch: identical rounding to the model's own forward
-            memo["path"] = (normalize_w(w), beta, g)
-        w, beta, g = memo["path"]
+    if "terms" not in memo:
+        memo["terms"] = module.score_terms(x, idx)  # whole batch: identical rounding to the model's own forward
+    terms = memo["terms"]
+    if terms.householder is not None and terms.phase is not None:
+        raise ValueError(f"{type(module).__name__}.score_terms: a Householder transport and phases together are "
+                         "not supported by the streamed logits")
+    gate = torch.cumsum(terms.log_gate[b].to(dev, F64), 0) if terms.log_gate is not None else None  # [T, H] G_t
+    slopes = terms.slopes.to(dev, F64) if terms.slopes is not None else None
+    raw = dict(q_raw=qb, k_raw=kb) if terms.transported else {}  # s⁰ = q·k/√D without the transport, for ρ_s
+    if terms.householder is not None:
+        w, beta = terms.householder
         w = expand_kv_heads(w, H)[b].to(dev, F64)
         beta = expand_kv_heads(beta, H)[b].to(dev, F64)
-        gate = torch.cumsum(g[b].to(dev, F64), 0) if g is not None else None
-        return PreparedLayer("path", qb, kb, vb, scale, q_raw=qb, k_raw=kb, w=w, beta=beta, gate_sum=gate)
-    if isinstance(module, RotationAttention) or isinstance(module, RoPE):
-        if isinstance(module, RoPE):
-            phase = rope_phases(T, D, module.base, device=qb.device)[:, None, :].expand(T, H, D // 2)
-            rot_v = False
-        else:
-            if "phase" not in memo:
-                memo["phase"] = accumulate_phases(module.angles(x, idx), dim=1)
-            phase = memo["phase"][b].to(dev)
-            rot_v = module.rotate_values
-        gate = None
-        if getattr(module, "gate", None) is not None:  # rotations with FoX's forget gate
-            if "gate" not in memo:
-                memo["gate"] = module.gate(x)
-            gate = torch.cumsum(memo["gate"][b].to(dev, F64), 0)
-        return PreparedLayer("dot", rotate(qb, -phase), rotate(kb, -phase), rotate(vb, -phase) if rot_v else vb,
-                             scale, phase=phase, q_raw=qb, k_raw=kb, rotate_values=rot_v, gate_sum=gate)
-    if isinstance(module, ALiBi):
-        return PreparedLayer("dot", qb, kb, vb, scale, slopes=module.slopes.to(dev, F64))
-    if isinstance(module, FoX):
-        if "gate" not in memo:
-            memo["gate"] = module.gate(x)
-        return PreparedLayer("dot", qb, kb, vb, scale, gate_sum=torch.cumsum(memo["gate"][b].to(dev, F64), 0))
-    if type(module).__name__.lower().startswith("nope"):
-        return PreparedLayer("dot", qb, kb, vb, scale)
-    raise ValueError(f"no streamed logits for attention module {type(module).__name__}")
+        return PreparedLayer("path", qb, kb, vb, scale, w=w, beta=beta, gate_sum=gate, slopes=slopes, **raw)
+    if terms.phase is None:
+        return PreparedLayer("dot", qb, kb, vb, scale, slopes=slopes, gate_sum=gate, **raw)
+    phase = terms.phase[b].to(dev)  # [T, H, D/2]
+    rot_v = terms.rotate_values
+    return PreparedLayer("dot", rotate(qb, -phase), rotate(kb, -phase), rotate(vb, -phase) if rot_v else vb, scale,
+                         phase=phase, rotate_values=rot_v, slopes=slopes, gate_sum=gate, **raw)
 
 
 def iter_logit_chunks(layer: PreparedLayer, positions: torch.Tensor, chunk: int | None = None, ut_chunk: int = 64):
@@ -202,7 +185,10 @@ def _path_logit_chunks(layer: PreparedLayer, host: torch.Tensor, chunk: int, ut_
     q0 = layer.q[pos]  # [m, H, D]
     g_q = layer.gate_sum[pos][:, :, None] if layer.gate_sum is not None else None
 
-    def gated(cols, c_start, c_end):
+    def gated(cols, c_start, c_end):  # the additive terms: distance bias and gate sums
+        if layer.slopes is not None:
+            dist = pos[:, None] - torch.arange(c_start, c_end, device=dev)[None, :]  # [m, C]
+            cols = cols - layer.slopes[None, :, None] * dist[:, None, :].to(F64)
         return cols if g_q is None else cols + g_q - layer.gate_sum[c_start:c_end].T[None]
 
     def raw(c_start, c_end):

@@ -63,8 +63,11 @@ def _cell_kind(entry) -> dict:
 
 
 def rotates_values(entry) -> bool:
-    return entry["cell"]["attention"].endswith("qkv") or bool((entry["cell"].get("attention_kwargs") or {}).get(
-        "rotate_values"))
+    """Whether the cell's variant rotates the values (its registered settings, then the cell's options)."""
+    from pathlab.attention.registry import attention_settings
+
+    c = entry["cell"]
+    return bool(attention_settings(c["attention"], **(c.get("attention_kwargs") or {})).get("rotate_values", False))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from pathlab.tasks.specs import TASKS
+from pathlab.tasks.suite import DEFAULT_ATTENTIONS
 
 
 def _csv(text: str) -> list[str]:
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sw = sub.add_parser("sweep-a5", help="minimum number of layers reaching >90%% accuracy, per A5 length")
     sw.add_argument("--profile", default="cpu")
-    sw.add_argument("--attentions", type=_csv, default=["rope", "fox", "path", "path_fox"])
+    sw.add_argument("--attentions", type=_csv, default=list(DEFAULT_ATTENTIONS))
     sw.add_argument("--lengths", type=_ints, default=None, help="e.g. 4,8,12 (default: the profile's)")
     sw.add_argument("--layers", type=_ints, default=None, help="depths to try, e.g. 1,2,3,4 (default: profile's)")
     sw.add_argument("--workers", type=int, default=1, help="parallel worker processes")
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     su = sub.add_parser("suite", help="flip-flop, MQRAR-N and the A5 sweep for several variants")
     su.add_argument("--profile", default="cpu")
-    su.add_argument("--attentions", type=_csv, default=["rope", "fox", "path", "path_fox"])
+    su.add_argument("--attentions", type=_csv, default=list(DEFAULT_ATTENTIONS))
     su.add_argument("--tasks", type=_csv, default=["flipflop", "mqrar", "a5"])
     su.add_argument("--workers", type=int, default=1)
     su.add_argument("--out-dir", default=None, help="folder for the JSONs (default runs/tasks/PROFILE)")

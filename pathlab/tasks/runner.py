@@ -215,7 +215,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
         "wall_seconds": round(time.perf_counter() - t0, 2),
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "path_backend": _path_backend(attention, s, device),
+        "path_backend": _kernel_backend(model, device),
         "history": history,
         "command": command,
     }
@@ -224,13 +224,10 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     return record
 
 
-def _path_backend(attention: str, s: Mapping[str, Any], device: torch.device) -> str | None:
-    """Which PaTH backend the run used ("triton" or "torch"); None for other variants."""
-    if not attention.startswith("path"):
-        return None
-    from pathlab.ops.path import resolve_backend
-
-    return resolve_backend(dict(s["attention_kwargs"]).get("backend", "auto"), device)
+def _kernel_backend(model, device: torch.device) -> str | None:
+    """Which kernel backend the run's variant used (PaTH: "triton" or "torch"; the record's ``path_backend``),
+    from :meth:`~pathlab.attention.base.PositionalAttention.kernel_backend`; None for variants without a choice."""
+    return model.blocks[0].attn.positional.kernel_backend(device)
 
 
 def write_json(path: str | Path, record: Mapping) -> Path:

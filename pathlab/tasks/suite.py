@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pathlab.attention.registry import attention_class
 from pathlab.tasks.runner import run_task, write_json
 from pathlab.tasks.settings import resolve_settings, sweep_profile
 
@@ -68,11 +69,14 @@ def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
             return go(overrides)
         except Exception as err:
             kwargs = dict((overrides or {}).get("attention_kwargs") or {})
-            if not attention.startswith("path") or kwargs.get("backend") == "torch":
+            fallback = dict(attention_class(attention).fallback_options)
+            if not fallback or all(kwargs.get(key) == value for key, value in fallback.items()):
                 raise
-            # a PaTH kernel failure must not cost the result: rerun on the blockwise PyTorch path, and say so
-            rec = go({**dict(overrides or {}), "attention_kwargs": {**kwargs, "backend": "torch"}})
-            rec["fallback"] = f"reran with backend='torch' after {type(err).__name__}: {str(err)[:300]}"
+            # a kernel failure (PaTH's Triton kernels) must not cost the result: rerun on the variant's plain
+            # PyTorch path, and say so
+            rec = go({**dict(overrides or {}), "attention_kwargs": {**kwargs, **fallback}})
+            options = ", ".join(f"{key}={value!r}" for key, value in fallback.items())
+            rec["fallback"] = f"reran with {options} after {type(err).__name__}: {str(err)[:300]}"
             return rec
     except Exception as err:
         # exceptions that hold frames (torch.compile's) cannot be pickled back from a worker: send the text
