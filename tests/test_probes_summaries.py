@@ -159,11 +159,12 @@ def test_extrapolation_claims_follow_the_numbers(cells):
     assert claims["qkv_flatter_than_qk"] is False and claims["rope_degrades_beyond_training"] is False
 
 
-def _sweep(ratios: dict) -> dict:
+def _sweep(ratios: dict, qk: dict | None = None) -> dict:
     out = {"rope": {"cell": {"attention": "rope"}, "eval": _eval({64: 1.0, 1024: ratios.pop("rope")})}}
-    for W, r in ratios.items():
-        out[f"W{W}"] = {"cell": {"attention": "rot_random_qkv", "attention_kwargs": {"window": W}},
-                        "eval": _eval({64: 1.0, 1024: r})}
+    for attention, group in (("rot_random_qkv", ratios), ("rot_random_qk", qk or {})):
+        for W, r in group.items():
+            out[f"{attention}_W{W}"] = {"cell": {"attention": attention, "attention_kwargs": {"window": W}},
+                                        "eval": _eval({64: 1.0, 1024: r})}
     return out
 
 
@@ -175,6 +176,17 @@ def test_window_sweep_separation_holds_and_fails():
     _, claims, _ = summaries.window_sweep_summary(_sweep({16: 6.0, 32: 1.2, 256: 5.0, "rope": 9.0}), lengths=(1024,))
     assert claims["qkv_windows_below_training_length_extrapolate_better"] is False
     assert claims["qkv_ratio_rises_with_window"] is False
+
+
+def test_window_sweep_pairs_qkv_with_qk_at_each_window():
+    def claim(qkv, qk):
+        _, claims, _ = summaries.window_sweep_summary(_sweep({**qkv, "rope": 9.0}, qk), lengths=(1024,))
+        return claims["qkv_flatter_than_qk_at_equal_window"]
+
+    assert claim({16: 1.1, 256: 2.0}, {16: 1.5, 256: 2.5}) is True
+    assert claim({16: 1.1, 256: 5.3}, {16: 1.5, 256: 2.7}) is False  # one window against the prediction
+    assert claim({16: 1.1}, {256: 2.7}) is None  # no window in both groups
+    assert claim({16: 1.1}, {}) is None
 
 
 def test_markdown_table_lists_cells_and_published_numbers(cells):

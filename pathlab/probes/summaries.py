@@ -428,6 +428,8 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     with W < L_train has a lower r at the longest length than every cell with W ≥ L_train (RoPE included): the
     prediction "extrapolation iff the window is below the training length". ``<g>_ratio_rises_with_window``: r
     at the longest length is non-decreasing in W. None when a group lacks cells on either side.
+    ``qkv_flatter_than_qk_at_equal_window``: at every finite W that both groups have, Q/K/V's r at the longest
+    length is below Q/K's (value-side incoherence, SPEC M6/M7); None without such a pair.
     """
     data, claims = {"groups": {}, "lengths": list(lengths)}, {}
     rope = cells.get("rope")
@@ -455,6 +457,12 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
         rs = [p[key] for p in pts if p[key] is not None]
         claims[f"{group}_ratio_rises_with_window"] = bool(np.all(np.diff(rs) >= 0)) if len(rs) >= 3 else None
         data["train_length"] = L_train
+    key = f"r{lengths[-1]}"
+    at = {g: {p["W"]: p[key] for p in pts if not math.isinf(p["W"]) and p[key] is not None}
+          for g, pts in data["groups"].items()}
+    common = sorted(set(at["qkv"]) & set(at["qk"]))
+    claims["qkv_flatter_than_qk_at_equal_window"] = (
+        bool(all(at["qkv"][W] < at["qk"][W] for W in common)) if common else None)
     return data, claims, {}
 
 
