@@ -55,6 +55,7 @@ from pathlab.data.batches import WindowSampler
 from pathlab.data.corpus import CORPORA, check_corpus, corpus_dir, corpus_identity, corpus_meta, load_tokens, prepare
 from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
 from pathlab.model import ModelConfig, build_model
+from pathlab.optimization import adamw, autocast, warmup_cosine
 from pathlab.results import git_revision
 from pathlab.run_config import config_diff, config_hash, repo_root, resolve_config
 
@@ -88,25 +89,17 @@ def default_run_dir(cfg: dict) -> Path:
 
 
 def learning_rate(it: int, optim: dict, max_iters: int) -> float:
-    """nanoGPT's schedule: linear warm-up, cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant."""
-    lr, min_lr, warmup = optim["lr"], optim["min_lr"], optim["warmup_iters"]
-    decay = optim["lr_decay_iters"] or max_iters
-    if it < warmup:
-        return lr * (it + 1) / (warmup + 1)
-    if it >= decay:
-        return min_lr
-    ratio = (it - warmup) / max(1, decay - warmup)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    """nanoGPT's schedule: linear warm-up, cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant
+    (:func:`pathlab.optimization.warmup_cosine`, f = (it − warmup) / (decay − warmup))."""
+    warmup, decay = optim["warmup_iters"], optim["lr_decay_iters"] or max_iters
+    return warmup_cosine(it, warmup=warmup, fraction=(it - warmup) / max(1, decay - warmup),
+                         lr=optim["lr"], min_lr=optim["min_lr"])
 
 
 def make_optimizer(model: torch.nn.Module, optim: dict, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on parameters of 2+ dimensions (matrices, embeddings) and none on the rest."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    extra = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]), **extra)
+    """AdamW with weight decay on parameters of 2+ dimensions (matrices, embeddings), fused on CUDA."""
+    return adamw(model, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]),
+                 weight_decay=optim["weight_decay"], fused=device.type == "cuda")
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -210,9 +203,7 @@ def _autocast(cfg: dict, device: torch.device):
     dtype = cfg["train"]["dtype"]
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
-    if dtype == "bfloat16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
+    return autocast(device, dtype == "bfloat16")
 
 
 @torch.no_grad()

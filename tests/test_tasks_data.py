@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pathlab.data import a5, flipflop, mqrar
+from pathlab.tasks import a5, flipflop, mqrar
 
 
 # ------------------------------------------------------------------------------------------------- flip-flop

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
+from pathlab.optimization import adamw, autocast, warmup_cosine
 from pathlab.tasks.settings import resolve_settings
 from pathlab.tasks.specs import batch_counts, get_task, split_metrics
 
@@ -48,27 +49,16 @@ def build_task_model(task_name: str, attention: str, s: Mapping[str, Any]):
 
 def task_optimizer(model, s):
     """AdamW with weight decay on the matrices only (betas and decay from the settings)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": s["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=s["lr"], betas=(s["beta1"], s["beta2"]))
+    return adamw(model, lr=s["lr"], betas=(s["beta1"], s["beta2"]), weight_decay=s["weight_decay"])
 
 
 def learning_rate(s: Mapping[str, Any], step: int, progress: float) -> float:
     """Linear warmup over ``warmup`` steps, then cosine from ``lr`` to ``min_lr_ratio * lr`` as ``progress``
-    (fraction of the budget used, in [0, 1]) goes from the end of warmup to 1."""
-    if step < s["warmup"]:
-        return s["lr"] * (step + 1) / (s["warmup"] + 1)
+    (fraction of the budget used, in [0, 1]) goes from the end of warmup to 1
+    (:func:`pathlab.optimization.warmup_cosine`)."""
     warm = s["warmup"] / max(s["steps"], 1)
-    frac = min(max((progress - warm) / max(1.0 - warm, 1e-9), 0.0), 1.0)
-    floor = s["lr"] * s["min_lr_ratio"]
-    return floor + 0.5 * (s["lr"] - floor) * (1.0 + math.cos(math.pi * frac))
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return torch.autocast(device_type=device.type, enabled=False)
+    return warmup_cosine(step, warmup=s["warmup"], fraction=(progress - warm) / max(1.0 - warm, 1e-9),
+                         lr=s["lr"], min_lr=s["lr"] * s["min_lr_ratio"])
 
 
 def compile_for_training(model, mode: str):
@@ -88,7 +78,7 @@ def train_step(step_model, model, opt, xb, yb, s: Mapping[str, Any], device: tor
     AdamW. Returns the loss (not synchronised)."""
     if s["compile"] == "cudagraphs":
         torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten now
-    with _autocast(device, s["precision"]):
+    with autocast(device, s["precision"] == "bf16")():
         _, loss = step_model(xb, yb)[:2]
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -112,7 +102,7 @@ def evaluate_model(model, task_name: str, s: Mapping[str, Any], *, quick: bool =
         for i in range(0, x.shape[0], s["eval_batch_size"]):
             xb = x[i:i + s["eval_batch_size"]].to(device)
             yb = y[i:i + s["eval_batch_size"]].to(device)
-            with _autocast(device, s["precision"]):
+            with autocast(device, s["precision"] == "bf16")():
                 logits, _ = model(xb, yb)[:2]
             for key, value in batch_counts(logits.float(), yb).items():
                 totals[key] = totals.get(key, 0.0) + value

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from pathlab.data import a5, flipflop, mqrar
+from pathlab.tasks import a5, flipflop, mqrar
 
 
 @dataclass(frozen=True)
