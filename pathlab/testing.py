@@ -74,3 +74,21 @@ def train_on_repeated_pattern(model, steps: int, *, lr: float = 3e-3, seed: int 
         losses.append(loss.item())
     return losses
 
+
+def assert_cached_generation_matches(model, vocab_size: int, *, prompt_len: int = 7, new_tokens: int = 12):
+    """Greedy generation with the KV cache equals generation by full recomputation, and the logits of a prefill
+    plus one cached step per token equal the full forward at every generated position. Returns the caches of
+    that stepped run (for checks of a variant's cache state)."""
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, vocab_size, (2, prompt_len), generator=gen)
+    cached = model.generate(prompt, new_tokens, temperature=0)
+    assert cached.shape == (2, prompt_len + new_tokens)
+    assert torch.equal(cached, model.generate(prompt, new_tokens, temperature=0, use_cache=False))
+    end = prompt_len + new_tokens - 1
+    logits, _ = model(cached)
+    caches = [b.attn.positional.new_cache(2, end + 1, device="cpu", dtype=torch.float64) for b in model.blocks]
+    stepped = [model._forward_cached(cached[:, :prompt_len], caches, prefill=True)]
+    for t in range(prompt_len, end):
+        stepped.append(model._forward_cached(cached[:, t : t + 1], caches, prefill=False))
+    assert torch.allclose(torch.stack(stepped, 1), logits[:, prompt_len - 1 : end], atol=1e-5)
+    return caches

@@ -5,7 +5,7 @@ import torch
 
 import pathlab
 from pathlab import ModelConfig, build_model
-from pathlab.testing import train_on_repeated_pattern
+from pathlab.testing import assert_cached_generation_matches, train_on_repeated_pattern
 
 VARIANTS = pathlab.available_attention()
 VOCAB = 61
@@ -48,20 +48,8 @@ def test_causality_and_reference_records(name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_cached_generation_matches_full_recompute(name):
-    model = _model(name, n_kv_head=2).double().eval()
-    gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, VOCAB, (2, 7), generator=gen)
-    cached = model.generate(prompt, 12, temperature=0)
-    full = model.generate(prompt, 12, temperature=0, use_cache=False)
-    assert cached.shape == (2, 19)
-    assert torch.equal(cached, full)
-    # the logits, not only the argmax, agree at every generated position
-    logits, _ = model(cached)
-    caches = [b.attn.positional.new_cache(2, 19, device="cpu", dtype=torch.float64) for b in model.blocks]
-    stepped = [model._forward_cached(cached[:, :7], caches, prefill=True)]
-    for t in range(7, 18):
-        stepped.append(model._forward_cached(cached[:, t : t + 1], caches, prefill=False))
-    assert torch.allclose(torch.stack(stepped, 1), logits[:, 6:18], atol=1e-5)
+    # the tokens, and the logits at every generated position, not only their argmax
+    assert_cached_generation_matches(_model(name, n_kv_head=2).double().eval(), VOCAB)
 
 
 def test_parameter_counts_of_the_paper_setting():

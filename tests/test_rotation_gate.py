@@ -25,7 +25,8 @@ from pathlab.attention.rotation import RotationAttention
 from pathlab.ops.positions import rope_frequencies
 from pathlab.ops.softmax import rotation_attention, rotation_fox_attention
 from pathlab.reference.softmax import rotation_fox_attention as ref_rotation_fox
-from pathlab.testing import assert_matches_reference, grad_err, rel_err, train_on_repeated_pattern
+from pathlab.testing import (assert_cached_generation_matches, assert_matches_reference, grad_err, rel_err,
+                             train_on_repeated_pattern)
 
 VOCAB = 61
 NAME = "rot_random_qk_fox"
@@ -277,16 +278,7 @@ def test_cached_generation_matches_full_forward(config):
     kwargs, qkv = CONFIGS[config]
     model = _model(attention_kwargs=kwargs, n_kv_head=2).double().eval()
     model = _qkv_model(model) if qkv else model
-    gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, VOCAB, (2, 7), generator=gen)
-    cached = model.generate(prompt, 12, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 12, temperature=0, use_cache=False))
-    logits, _ = model(cached)
-    caches = [b.attn.positional.new_cache(2, 19, device="cpu", dtype=torch.float64) for b in model.blocks]
-    stepped = [model._forward_cached(cached[:, :7], caches, prefill=True)]
-    for t in range(7, 18):
-        stepped.append(model._forward_cached(cached[:, t : t + 1], caches, prefill=False))
-    assert torch.allclose(torch.stack(stepped, 1), logits[:, 6:18], atol=1e-5)
+    caches = assert_cached_generation_matches(model, VOCAB)
     assert caches[0].state["G"].shape == (2, 4) and float(caches[0].state["G"].detach().max()) < 0
 
 

@@ -19,7 +19,7 @@ from pathlab.attention.rotation import RotationAttention, keyed_normal, salt_key
 from pathlab.ops.positions import rope_frequencies
 from pathlab.probes.learned import phase_correlation
 from pathlab.probes.mixing import empirical_window
-from pathlab.testing import rel_err, train_on_repeated_pattern
+from pathlab.testing import assert_cached_generation_matches, rel_err, train_on_repeated_pattern
 
 EPS0 = 0.05
 VOCAB = 61
@@ -189,17 +189,7 @@ def test_fast_path_equals_the_reference(name, table):
 def test_cached_generation_matches_full_forward(name, kwargs):
     """Prefill + steps equal the full forward (the test_model pattern): the per-position noise is keyed by the
     absolute position, so a step at position t draws the same ε as the full sequence."""
-    model = _model(name, attention_kwargs=kwargs, n_kv_head=2).double().eval()
-    gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, VOCAB, (2, 7), generator=gen)
-    cached = model.generate(prompt, 12, temperature=0)
-    assert torch.equal(cached, model.generate(prompt, 12, temperature=0, use_cache=False))
-    logits, _ = model(cached)
-    caches = [b.attn.positional.new_cache(2, 19, device="cpu", dtype=torch.float64) for b in model.blocks]
-    stepped = [model._forward_cached(cached[:, :7], caches, prefill=True)]
-    for t in range(7, 18):
-        stepped.append(model._forward_cached(cached[:, t : t + 1], caches, prefill=False))
-    assert torch.allclose(torch.stack(stepped, 1), logits[:, 6:18], atol=1e-5)
+    assert_cached_generation_matches(_model(name, attention_kwargs=kwargs, n_kv_head=2).double().eval(), VOCAB)
 
 
 def test_compiled_block_equals_eager_and_has_no_graph_break():
