@@ -14,7 +14,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KernelConfig:
     # launch tunables (a leading part may be given: the rest keeps the default)
-    fwd_launch: tuple[int, ...] | None = None  # scan forward: (num_warps, num_stages)
+    fwd_launch: tuple[int, ...] | None = None  # scan forward: (num_warps, num_stages[, unused, maxnreg])
     bwd_launch: tuple[int, ...] | None = None  # scan backward by query chunk: (warps, stages, programs/SM, maxnreg)
     by_sequence_launch: tuple[int, ...] | None = None  # scan backward by sequence: (R query chunks/tile, warps, stages)
     ut_warps: int | None = None  # warps of the UT kernels (not the inverse's)

@@ -93,7 +93,8 @@ def decode_step_triton(k_cache, v_cache, G, q, wn, beta, gate_t, n, scale, *, bl
     total = n + 1
     block = block or (64 if D <= 64 else 32)
     if n_split is None:  # enough programs to fill the GPU, each with a few blocks
-        n_split = max(1, min(triton.cdiv(total, block), triton.cdiv(4 * 132, B * Hkv)))
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # interpreter
+        n_split = max(1, min(triton.cdiv(total, block), triton.cdiv(4 * sms, B * Hkv)))
     per_split = triton.cdiv(triton.cdiv(total, n_split), block) * block
     n_split = triton.cdiv(total, per_split)
     dev = q.device

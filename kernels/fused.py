@@ -6,8 +6,8 @@
                (dq̃, dk̃, dv, dM, dS_d, dG) = scan backward;   (dq, dk, dw, dβ) = UT backward with that A
 
 o and dO stay in the token layout ``[B, T, H, Dv]``: the scan kernels write and read their rows in place
-(``scan_forward``, "Rows of o and dO"); v enters in its own layout and is copied into chunks inside (again in the
-backward), and dV goes back to v's layout. Autograd keeps only the inputs, o and the log-sum-exp, as
+(``scan_forward``, "Rows of o and dO"); v is read in its own layout or copied into chunks (``scan.v_in_token_rows``; again in
+the backward), and dV goes back to v's layout. Autograd keeps only the inputs, o and the log-sum-exp, as
 FlashAttention does: q̃ and S_d (fp32), k̃ and M (written by the UT kernel in the scan's dtype) and v's chunk copy live only inside the forward and inside the backward, at the price of one
 more UT forward.
 For long sequences the backward runs over groups of kv heads (with their query heads) one after the other, so

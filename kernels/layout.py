@@ -194,11 +194,10 @@ def chunk_gate(g_chunks: torch.Tensor, layout: ChunkLayout) -> tuple[torch.Tenso
     G_i = offset[chunk(i)] + G_local[i]. The offsets are summed in fp64, so G_i − G_j keeps its precision at any
     distance (an fp32 cumsum over 64K tokens loses about 3 digits). Differentiable.
 
-    Each sequence's offsets are sums over its own earlier chunks only. They were the sum over all the chunks
-    before, less that sum at the sequence's chunk 0 (and the exclusive sum an inclusive one less the chunk's own
-    total): a NaN in one sequence's gate made every later sequence's offsets NaN (and, by the backward of the
-    cumulative sum, every earlier sequence's dg), the poisoned chunk's own offset too, and a gate of −1e12
-    left every later sequence's offsets off by ~1e-4 (the rounding of an fp64 sum of size 1e12).
+    Each sequence's offsets are sums over its own earlier chunks only: no sum mixes two sequences, so a NaN or a
+    huge gate in one sequence leaves the other sequences' offsets and dg untouched (a difference of two running
+    sums over the whole batch would not: one NaN would reach every later sequence, and a gate of −1e12 would
+    round the others' offsets by ~1e-4).
     """
     local = torch.cumsum(g_chunks, dim=-1)
     totals = local[..., -1].to(torch.float64)  # [H, NC]

@@ -113,7 +113,7 @@ def path_attention_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     Args:
         q: ``[B, T, H, D]`` fp16, bf16 or fp32; D in {16, 32, 64, 128}.
         k, w: ``[B, T, Hkv, D]`` (H a multiple of Hkv; query head h uses kv head h // (H/Hkv)). w is
-            normalised here again in fp32 (a no-op on the dispatcher's unit w, but it keeps raw w correct).
+            passed raw (the dispatcher does too) and normalised here in fp32.
         v: ``[B, T, Hkv, Dv]``, Dv in {16, 32, 64, 128}.
         beta: ``[B, T, Hkv]`` in (0, 2) (upcast to fp32).
         g: ``[B, T, H]`` log forget gates (≤ 0) or None (upcast to fp32; G summed in fp64 across chunks).

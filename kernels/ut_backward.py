@@ -35,8 +35,6 @@ from .ut_common import (FP16, _dot, _check_tokens, _chunk_rows, _inverse, _launc
 from .ut_forward import _chunk_factors, ut_forward
 
 
-
-
 # Scratch between the backward's kernels (dU, dX, the partial dk and dw, d(A D_β)): fp32 tiles, or with ``NARROW``
 # (``narrow_scratch``) each tile as its scaled fp16 operand of ``_to_half`` and the scale, one fp32 per tile, in
 # ``SC [4, Hkv, NC]``: slot 0 dU, 1 dX and then d(A D_β) over it, 2 the partial dk, 3 the partial dw and then dw
@@ -322,8 +320,6 @@ def _ut_bwd_inverse_kernel(
     dad = _scratch_value(DAD, SC, square, NT + tile, NARROW)
     dw = _scratch_value(DWP, SC, ((hk * NC + n) * BT + rows[:, None]) * D + dcol[None, :], 3 * NT + tile, NARROW)
     _inverse_and_norm_gradients(a, b, w, norm, dad, dw, tok, valid, hk, dcol, DW, DBETA, BT, D, HALF)
-
-
 
 
 def inverse_grads_warps(D: int, config=DEFAULT) -> int:

@@ -245,7 +245,6 @@ def _ut_inverse_kernel(W, BETA, TOK, AINV, T, NTOK, sw_b, sw_t, sw_h, sb_b, sb_t
     _unit_lower_inverse_in_place(a, BT)
 
 
-
 def num_warps(D: int, config: KernelConfig = DEFAULT) -> int:
     """Warps of the UT kernels (the inverse has its own, and its gradients' kernel ``ut_backward.inverse_grads_warps``):
     4 at D ≤ 64, 8 at D = 128 (two warp groups, each fp32 [BT, D] tile at half the registers per thread), unless

@@ -63,8 +63,6 @@ def _ut_fwd_kernel(
         tl.store(SD + qrow * BT + rows[None, :], s)
 
 
-
-
 def ut_forward(q, k, w, beta, tokens, block, scan_dtype=torch.float32, config=DEFAULT):
     """(q̃, k̃, M, S_d, A): the UT factors and the inverse they were formed with (``[Hkv, NC, BT, BT]`` fp32), so that
     a backward that has just recomputed the factors can hand A to :func:`ut_backward` instead of inverting again.

@@ -95,8 +95,6 @@ def carry_keys_to_end(k, w, beta, chunk: int = 64):
     return out
 
 
-
-
 class PathDecodeCache:
     """Per-layer generation cache for PaTH / PaTH-FoX (see the module docstring for the algorithm).
 
