@@ -52,10 +52,10 @@ from pathlib import Path
 import torch
 
 import pathlab
-from pathlab import distributed
+from pathlab.training import distributed
 from pathlab.atomic import atomic_write_text
 from pathlab.profiling import time_by_kernel
-from pathlab.train import make_optimizer
+from pathlab.training.trainer import make_optimizer
 
 ORDER = ["rope", "path", "path_fox", "fox", "alibi", "nope", "rot_learned_qkv", "rot_random_qkv",
          "rot_learned_qk", "rot_random_qk"]

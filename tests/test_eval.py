@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import pathlab
-from pathlab.evaluate import (bootstrap_ratio, evaluate, evaluate_model, ntk_base, position_buckets, rope_base,
+from pathlab.training.evaluate import (bootstrap_ratio, evaluate, evaluate_model, ntk_base, position_buckets, rope_base,
                               token_losses, train_context_losses, window_starts)
-from pathlab.train import load_run, train
+from pathlab.training.trainer import load_run, train
 
 from test_train import corpus, tiny_config  # noqa: F401  (the module-scoped synthetic corpus fixture)
 

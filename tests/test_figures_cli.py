@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from pathlab import figures
+from pathlab.figures import pipeline as figures
 from pathlab.cli import main
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ["pathlab/probes", "pathlab/plotting.py", "pathlab/study.py", "pathlab/evaluate.py", "pathlab/results.py",
-        "pathlab/figures.py", "pathlab/kernel_report.py", "pathlab/tasks/report.py"]
+CODE = ["pathlab/probes", "pathlab/figures", "pathlab/training/evaluate.py", "pathlab/results.py",
+        "pathlab/tasks/report.py"]
 
 
 def _git(*args) -> subprocess.CompletedProcess:

@@ -2,7 +2,7 @@
 
 import json
 
-from pathlab import kernel_report
+from pathlab.figures import kernel_report
 
 
 def test_kernel_report_absent_and_present(tmp_path):

@@ -74,7 +74,7 @@ def test_notebook_structure(path):
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", PROBE_NOTEBOOKS, ids=[p.stem for p in PROBE_NOTEBOOKS])
 def test_notebook_runs_fast_and_writes_its_outputs(path, tmp_path):
-    from pathlab.figures import collect_outputs, notebook_meta, run_notebook
+    from pathlab.figures.pipeline import collect_outputs, notebook_meta, run_notebook
 
     out = tmp_path / "fig"
     ok, error = run_notebook(path, tmp_path / "executed.ipynb",

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pathlab.optimization import adamw, autocast, warmup_cosine
+from pathlab.training.optimization import adamw, autocast, warmup_cosine
 
 
 def test_weight_decay_only_on_parameters_of_two_or_more_dimensions():

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathlab.checkpoint import (
+from pathlab.training.checkpoint import (
     CKPT_NAME,
     PREV_NAME,
     CheckpointFallbackWarning,
@@ -24,7 +24,7 @@ from pathlab.checkpoint import (
 )
 from pathlab.data.corpus import check_corpus, corpus_identity
 from pathlab.data.tokens import CorpusError, read_meta, write_corpus
-from pathlab.train import TrainingDiverged, load_run, train
+from pathlab.training.trainer import TrainingDiverged, load_run, train
 
 from test_train import EOT, VOCAB, _losses, _markov_docs, tiny_config
 
@@ -75,7 +75,7 @@ def test_nan_gradient_with_finite_loss_is_never_applied(corpus, tmp_path, monkey
 
 
 def test_non_finite_weights_are_never_checkpointed(corpus, tmp_path, monkeypatch):
-    import pathlab.train as train_module
+    import pathlab.training.trainer as train_module
 
     real_clip = torch.nn.utils.clip_grad_norm_
     calls = {"n": 0}

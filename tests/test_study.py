@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from pathlab import study as studies
-from pathlab.checkpoint import load_checkpoint
+from pathlab.figures import study as studies
+from pathlab.training.checkpoint import load_checkpoint
 from pathlab.probes import records
 
 from test_train import corpus  # noqa: F401  (the module-scoped synthetic corpus fixture)

@@ -71,7 +71,7 @@ def test_find_results_prefers_complete_folders(tmp_path):
 
 @pytest.mark.notebooks
 def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
-    from pathlab.figures import collect_outputs, run_notebook
+    from pathlab.figures.pipeline import collect_outputs, run_notebook
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits it: tiny models, one thread
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from pathlab.checkpoint import load_checkpoint
+from pathlab.training.checkpoint import load_checkpoint
 from pathlab.data.tokens import write_corpus
-from pathlab.run_config import resolve_config
-from pathlab.train import TrainingDiverged, learning_rate, load_run, train
+from pathlab.training.config import resolve_config
+from pathlab.training.trainer import TrainingDiverged, learning_rate, load_run, train
 
 VOCAB = 97
 EOT = 96

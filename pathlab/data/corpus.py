@@ -122,15 +122,15 @@ def _recorded_identity(run: dict) -> dict | None:
         return run
     if isinstance(run.get("corpus"), dict):  # a checkpoint
         return run["corpus"]
-    return run.get("corpus_identity")  # the run config of pathlab.train.load_run, or a run's env.json
+    return run.get("corpus_identity")  # the run config of pathlab.training.trainer.load_run, or a run's env.json
 
 
 def check_corpus(run: dict, meta: dict) -> None:
     """Raise ``ValueError`` unless ``meta`` (a corpus's ``meta.json``) is the corpus ``run`` was trained on.
 
-    ``run``: a checkpoint dict, the run config returned by :func:`pathlab.train.load_run`, a run's ``env.json``,
-    or a :func:`corpus_identity` dict. A run that recorded no identity (made before it was recorded) cannot be
-    checked: a warning says so and nothing is raised.
+    ``run``: a checkpoint dict, the run config returned by :func:`pathlab.training.load_run`, a run's
+    ``env.json``, or a :func:`corpus_identity` dict. A run that recorded no identity (made before it was
+    recorded) cannot be checked: a warning says so and nothing is raised.
     """
     recorded = _recorded_identity(run)
     if recorded is None:

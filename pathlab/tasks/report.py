@@ -198,7 +198,7 @@ def state_tracking_claims(data: Mapping) -> dict[str, bool]:
 def plot_state_tracking(data: Mapping):
     """Four panels: flip-flop read errors (ours as bars, the paper's as black ticks), A5 minimum layers per
     length, the best A5 sequence accuracy reached per length, MQRAR-N accuracy per N. Returns the Figure."""
-    from pathlab.plotting import setup
+    from pathlab.figures.plotting import setup
 
     plt = setup()
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))

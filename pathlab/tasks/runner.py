@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from pathlab.optimization import adamw, autocast, warmup_cosine
+from pathlab.training.optimization import adamw, autocast, warmup_cosine
 from pathlab.tasks.settings import resolve_settings
 from pathlab.tasks.specs import batch_counts, get_task, split_metrics
 
@@ -55,7 +55,7 @@ def task_optimizer(model, s):
 def learning_rate(s: Mapping[str, Any], step: int, progress: float) -> float:
     """Linear warmup over ``warmup`` steps, then cosine from ``lr`` to ``min_lr_ratio * lr`` as ``progress``
     (fraction of the budget used, in [0, 1]) goes from the end of warmup to 1
-    (:func:`pathlab.optimization.warmup_cosine`)."""
+    (:func:`pathlab.training.optimization.warmup_cosine`)."""
     warm = s["warmup"] / max(s["steps"], 1)
     return warmup_cosine(step, warmup=s["warmup"], fraction=(progress - warm) / max(1.0 - warm, 1e-9),
                          lr=s["lr"], min_lr=s["lr"] * s["min_lr_ratio"])

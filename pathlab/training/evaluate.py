@@ -263,7 +263,7 @@ def evaluate(run_dir, lengths, *, n_windows: int | None = None, seed: int | None
     """
     from pathlab.attention.registry import attention_class
     from pathlab.attention.rope import RoPE
-    from pathlab.train import load_run
+    from pathlab.training.trainer import load_run
 
     run_dir = Path(run_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lengths = args.lengths
         if lengths is None:
-            from pathlab.train import load_run
+            from pathlab.training.trainer import load_run
 
             lengths = load_run(args.run)[1]["eval"]["lengths"]
         report = evaluate(args.run, lengths, n_windows=args.n_windows, seed=args.seed, device=args.device,

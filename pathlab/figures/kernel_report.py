@@ -60,8 +60,9 @@ def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
     """Rows (method, T, H, D, times, ratio to SDPA, anchors), correctness errors and the claims.
 
     When several result files measure the same case, the most recent run (its ``started`` time) wins. Methods
-    run with kernel settings (``bench_kernels.py``'s ``path@PATHLAB_X=v``) are side-by-side experiments, not
-    the kernel as shipped: they are left out of the rows and the claims.
+    run with kernel settings (``bench_kernels.py``'s ``path@FIELD=value``, a ``KernelConfig`` field; older files
+    name the environment switches of their day) are side-by-side experiments, not the kernel as shipped: they are
+    left out of the rows and the claims.
     """
     rows, correctness = [], {}
     results = sorted(results, key=lambda r: (str(r.get("started", "")), r["file"]), reverse=True)
@@ -103,7 +104,7 @@ def kernel_summary(results: list[dict], notes: list[str]) -> tuple[dict, dict]:
 
 def plot_kernels(data):
     """fwd+bwd time against T per method and head shape (circles: measured, crosses: public-kernel anchors)."""
-    from pathlab.plotting import setup
+    from pathlab.figures.plotting import setup
 
     plt = setup()
     shapes = sorted({(r["H"], r["D"]) for r in data["rows"]}) or sorted({(a["H"], a["D"]) for a in data["anchors"]})

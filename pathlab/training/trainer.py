@@ -11,7 +11,7 @@ gradient clipping, bf16 autocast on CUDA and ``torch.compile`` where it helps. A
 
     config.yaml    the resolved config          env.json      versions, device, world size, git revision, corpus
     metrics.jsonl  one line per iteration (loss, lr, grad_norm, tokens_per_s) and per evaluation (val_loss)
-    ckpt.pt        model, optimiser, step, RNG states, sampler position, corpus identity (pathlab.checkpoint:
+    ckpt.pt        model, optimiser, step, RNG states, sampler position, corpus identity (pathlab.training.checkpoint:
                    atomic, checksummed, never non-finite)
     ckpt.prev.pt   the checkpoint before it (loaded when ckpt.pt is corrupt)
     summary.json   final numbers (written when the run completes)
@@ -40,9 +40,14 @@ import numpy as np
 import torch
 import yaml
 
-from pathlab import distributed
 from pathlab.atomic import DirectoryLock, DirectoryLocked, remove_stale_temporaries
-from pathlab.checkpoint import (
+from pathlab.data.batches import WindowSampler
+from pathlab.data.corpus import CORPORA, check_corpus, corpus_dir, corpus_identity, corpus_meta, load_tokens, prepare
+from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
+from pathlab.model import ModelConfig, build_model
+from pathlab.results import git_revision
+from pathlab.training import distributed
+from pathlab.training.checkpoint import (
     CKPT_NAME,
     PREV_NAME,
     NonFiniteCheckpoint,
@@ -51,13 +56,8 @@ from pathlab.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from pathlab.data.batches import WindowSampler
-from pathlab.data.corpus import CORPORA, check_corpus, corpus_dir, corpus_identity, corpus_meta, load_tokens, prepare
-from pathlab.data.tokens import META, CorpusError, atomic_write_bytes, atomic_write_json
-from pathlab.model import ModelConfig, build_model
-from pathlab.optimization import adamw, autocast, warmup_cosine
-from pathlab.results import git_revision
-from pathlab.run_config import config_diff, config_hash, repo_root, resolve_config
+from pathlab.training.config import config_diff, config_hash, repo_root, resolve_config
+from pathlab.training.optimization import adamw, autocast, warmup_cosine
 
 # Keys that may differ between a run and its resumption. log_interval does not change the trained numbers.
 # train.threads does on the CPU: a parallel reduction's partial sums follow the thread count, so a resume on
@@ -90,7 +90,7 @@ def default_run_dir(cfg: dict) -> Path:
 
 def learning_rate(it: int, optim: dict, max_iters: int) -> float:
     """nanoGPT's schedule: linear warm-up, cosine decay to ``min_lr`` at ``lr_decay_iters``, then constant
-    (:func:`pathlab.optimization.warmup_cosine`, f = (it − warmup) / (decay − warmup))."""
+    (:func:`pathlab.training.optimization.warmup_cosine`, f = (it − warmup) / (decay − warmup))."""
     warmup, decay = optim["warmup_iters"], optim["lr_decay_iters"] or max_iters
     return warmup_cosine(it, warmup=warmup, fraction=(it - warmup) / max(1, decay - warmup),
                          lr=optim["lr"], min_lr=optim["min_lr"])
@@ -541,7 +541,7 @@ def load_run(run_dir, *, device="cpu"):
     """``(model, run_config)`` of a trained run: the model in eval mode with the checkpoint's weights.
 
     The checkpoint's checksum is verified; when ``ckpt.pt`` is corrupt, ``ckpt.prev.pt`` is used with a
-    :class:`~pathlab.checkpoint.CheckpointFallbackWarning` (``run_config["checkpoint_step"]`` says which).
+    :class:`~pathlab.training.checkpoint.CheckpointFallbackWarning` (``run_config["checkpoint_step"]`` says which).
     ``run_config["corpus_identity"]`` is what :func:`pathlab.data.corpus.check_corpus` compares a corpus with.
     """
     run_dir = Path(run_dir)

@@ -6,8 +6,8 @@
     pathlab study run tiny-cpu                       # the small CPU study behind `make figures`
 
 A study config (``configs/studies/<name>.yaml``) names a training config and the overrides every cell shares,
-the evaluation protocol (:mod:`pathlab.evaluate`), the probe settings (:mod:`pathlab.probes.records`), the cells
-(an attention variant, its options and per-cell overrides) and the cells each figure compares. A cell runs in
+the evaluation protocol (:mod:`pathlab.training.evaluate`), the probe settings (:mod:`pathlab.probes.records`),
+the cells (an attention variant, its options and per-cell overrides) and the cells each figure compares. A cell runs in
 four stages, each resumable:
 
 1. train into ``runs/<study>/<cell>/`` (a checkpoint every ``train.ckpt_interval`` iterations);
@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from pathlab.atomic import atomic_write_bytes
-from pathlab.run_config import repo_root, resolve_config
+from pathlab.training.config import repo_root, resolve_config
 
 CELL_KEYS = {"attention", "attention_kwargs", "overrides", "tokens", "group", "note"}
 STUDY_KEYS = {"name", "description", "train_config", "results_dir", "overrides", "eval", "probes", "cells",
@@ -151,7 +151,7 @@ def cell_results_dir(study: dict, cell: str) -> Path:
 
 
 def run_dir(study: dict, cell: str) -> Path:
-    from pathlab.train import runs_root
+    from pathlab.training.trainer import runs_root
 
     return runs_root() / study["name"] / cell
 
@@ -226,8 +226,8 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
     """
     import torch
 
-    from pathlab import train as training
-    from pathlab.evaluate import evaluate
+    from pathlab.training import trainer as training
+    from pathlab.training.evaluate import evaluate
     from pathlab.probes import records
     from pathlab.results import git_revision, library_versions, to_jsonable
 

@@ -71,7 +71,7 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def repo_root() -> Path | None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() else None
 
 
