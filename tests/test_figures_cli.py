@@ -23,7 +23,7 @@ def _args(**kw):
 def _notebook(path, body, outputs=()):
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["pathlab"] = {"figures": [], "outputs": list(outputs)}
+    nb.metadata["pathlab"] = {"study_figures": [], "writes": list(outputs)}
     params = new_code_cell('profile = "tiny-cpu"\nfast = False\nout_dir = None')
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, new_code_cell(body)]

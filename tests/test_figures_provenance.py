@@ -21,7 +21,7 @@ def _made_by() -> dict:
     """figure stem -> the notebook that declares it."""
     out = {}
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for stem in json.loads(nb.read_text())["metadata"].get("pathlab", {}).get("outputs", []):
+        for stem in json.loads(nb.read_text())["metadata"].get("pathlab", {}).get("writes", []):
             out[stem] = f"notebooks/{nb.name}"
     return out
 
@@ -38,7 +38,7 @@ def test_figure_was_made_by_the_committed_code(path):
     assert _git("cat-file", "-e", f"{rev}^{{commit}}").returncode == 0, \
         f"{path.name}: revision {rev} is not in this repository's history (a shallow clone cannot check it)"
     notebook = _made_by().get(path.stem)
-    assert notebook, f"{path.name}: no notebook declares this figure in its metadata (pathlab.outputs)"
+    assert notebook, f"{path.name}: no notebook declares this figure in its metadata (pathlab.writes)"
     diff = _git("diff", "--stat", rev, "HEAD", "--", notebook, *CODE)
     assert diff.returncode == 0 and not diff.stdout.strip(), \
         f"{path.name}: the code that makes it changed since {rev[:10]}:\n{diff.stdout}"

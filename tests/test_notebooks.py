@@ -49,7 +49,11 @@ def test_notebook_structure(path):
     params = _parameters(tagged[0])
     assert params.get("profile") == "tiny-cpu" and params.get("fast") is False and params.get("out_dir") is None
     meta = nb.metadata.get("pathlab", {})
-    assert meta.get("outputs"), f"{path.name}: metadata pathlab.outputs must list the figure stems it writes"
+    assert meta.get("writes"), f"{path.name}: metadata pathlab.writes must list the figure stems it writes"
+    assert set(meta) <= {"study_figures", "writes"}, f"{path.name}: unknown pathlab metadata {sorted(meta)}"
+    for cell in nb.cells:  # committed without outputs: `pathlab figures` writes the executed copies to build/
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, f"{path.name}: a cell holds outputs"
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith("# "), f"{path.name}: opens with a title"
     if path.stem not in ("kernel_performance", "state_tracking"):
@@ -80,7 +84,7 @@ def test_notebook_runs_fast_and_writes_its_outputs(path, tmp_path):
     ok, error = run_notebook(path, tmp_path / "executed.ipynb",
                              {"profile": "tiny-cpu", "fast": True, "out_dir": str(out)}, ROOT)
     assert ok, f"{path.name} failed: {error}"
-    stems = notebook_meta(path)["outputs"]
+    stems = notebook_meta(path)["writes"]
     written, absent = collect_outputs(out, stems)
     assert not absent, f"{path.name} did not write {absent}"
     assert sorted(p.stem for p in out.iterdir()) == sorted(s for s in stems for _ in ("json", "pdf", "png")

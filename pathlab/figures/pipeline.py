@@ -11,7 +11,7 @@ with committed results and name the missing ones.
 
 Each notebook gets the parameters ``profile``, ``fast`` and ``out_dir`` (its cell tagged ``parameters``) and runs
 in the repository root; its executed copy goes to ``build/notebooks/<profile>/`` (git-ignored). A notebook writes
-into a staging folder, and only when it finishes are its declared outputs (its metadata ``pathlab.outputs``)
+into a staging folder, and only when it finishes are its declared figures (its metadata ``pathlab.writes``)
 moved into the figure folder, so a failing notebook changes nothing there. A notebook run on its own (JupyterLab,
 papermill) writes to ``build/figures/<profile>/`` unless given ``out_dir``.
 """
@@ -105,11 +105,11 @@ def list_notebooks(notebook_dir: Path) -> list[Path]:
 
 
 def notebook_meta(path: Path) -> dict:
-    """The notebook's ``pathlab`` metadata: ``figures`` (the study figure lists it reads) and ``outputs`` (the
-    figure stems it writes)."""
+    """The notebook's ``pathlab`` metadata: ``study_figures`` (the study figure lists it reads) and ``writes``
+    (the figure stems it writes)."""
     with open(path, encoding="utf-8") as f:
         meta = json.load(f).get("metadata", {}).get("pathlab", {})
-    return {"figures": list(meta.get("figures", [])), "outputs": list(meta.get("outputs", []))}
+    return {"study_figures": list(meta.get("study_figures", [])), "writes": list(meta.get("writes", []))}
 
 
 def run_notebook(path: Path, output: Path, parameters: dict, cwd: Path) -> tuple[bool, str]:
@@ -207,7 +207,7 @@ def _needed_cells(study: dict, notebooks, wanted) -> list[str]:
 
     names = []
     for p in notebooks:
-        for figure in notebook_meta(p)["figures"]:
+        for figure in notebook_meta(p)["study_figures"]:
             if figure in study["figures"]:
                 names += figure_cells(study, figure, wanted)
     return list(dict.fromkeys(names))
@@ -278,12 +278,12 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         params = {"profile": args.profile, "fast": bool(args.fast), "out_dir": str(staging)}
-        if args.variants and notebook_meta(path)["figures"]:
+        if args.variants and notebook_meta(path)["study_figures"]:
             params["variants"] = args.variants
         ok, error = run_notebook(path, build_dir / path.name, params, root)
         results = []
         if ok:
-            results, absent = collect_outputs(staging, notebook_meta(path)["outputs"])
+            results, absent = collect_outputs(staging, notebook_meta(path)["writes"])
             if absent:
                 ok, error = False, f"the notebook did not write its declared outputs {absent}"
         if ok:
