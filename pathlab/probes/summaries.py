@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from pathlab.attention.registry import attention_settings
 from pathlab.probes.records import length_entry
 
 
@@ -64,8 +65,6 @@ def _cell_kind(entry) -> dict:
 
 def rotates_values(entry) -> bool:
     """Whether the cell's variant rotates the values (its registered settings, then the cell's options)."""
-    from pathlab.attention.registry import attention_settings
-
     c = entry["cell"]
     return bool(attention_settings(c["attention"], **(c.get("attention_kwargs") or {})).get("rotate_values", False))
 

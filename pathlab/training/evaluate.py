@@ -41,8 +41,11 @@ import torch
 import torch.nn.functional as F
 
 from pathlab.atomic import atomic_write_bytes
+from pathlab.attention.registry import attention_class
+from pathlab.attention.rope import RoPE
 from pathlab.data.corpus import check_corpus, corpus_meta, load_tokens
 from pathlab.data.tokens import atomic_write_json
+from pathlab.training.trainer import load_run
 
 BOOTSTRAP_SAMPLES = 2000
 PROTOCOL = ("non-overlapping windows of L + 1 validation tokens chosen with seed + L; the same targets scored with "
@@ -146,8 +149,6 @@ def ntk_base(base: float, scale: float, head_dim: int) -> float:
 @contextlib.contextmanager
 def rope_base(model, base: float):
     """Temporarily set the base of every RoPE layer of ``model``."""
-    from pathlab.attention.rope import RoPE
-
     mods = [b.attn.positional for b in model.blocks if isinstance(b.attn.positional, RoPE)]
     if not mods:
         raise ValueError("rope_base needs a model with RoPE layers")
@@ -261,10 +262,6 @@ def evaluate(run_dir, lengths, *, n_windows: int | None = None, seed: int | None
     ``n_windows``/``seed`` default to the run config's ``eval`` section; ``device`` to CUDA when available;
     ``out`` to the run directory; ``ntk`` to True for RoPE runs. Returns the eval.json dict.
     """
-    from pathlab.attention.registry import attention_class
-    from pathlab.attention.rope import RoPE
-    from pathlab.training.trainer import load_run
-
     run_dir = Path(run_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, cfg = load_run(run_dir, device=device)
@@ -314,8 +311,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         lengths = args.lengths
         if lengths is None:
-            from pathlab.training.trainer import load_run
-
             lengths = load_run(args.run)[1]["eval"]["lengths"]
         report = evaluate(args.run, lengths, n_windows=args.n_windows, seed=args.seed, device=args.device,
                           out=args.out, dtype=args.dtype)
