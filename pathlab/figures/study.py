@@ -391,6 +391,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     go.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the training config's)")
     go.add_argument("--fast", action="store_true", help="the study's CI-sized version")
     go.add_argument("--no-progress", action="store_true")
+    table = sub.add_parser("table", help="print the markdown tables of the results (--write: into the docs)")
+    table.add_argument("study")
+    table.add_argument("tables", nargs="*", default=None,
+                       help="cells and/or cell groups (default: cells and every group)")
+    table.add_argument("--write", action="store_true",
+                       help="replace the marked tables in README.md and in the study's results README")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -400,11 +406,13 @@ def run(args: argparse.Namespace) -> int:
                 s = load_study(name)
                 print(f"{name:<20} {len(s['cells']):>3} cells  {s.get('description', '')}")
             return 0
-        study = load_study(args.study, fast=args.fast)
+        study = load_study(args.study, fast=getattr(args, "fast", False))
         if args.action == "status":
             for c in study["cells"]:
                 print(f"{c:<28} {cell_status(study, c)}")
             return 0
+        if args.action == "table":
+            return _table(study, args.tables, args.write)
         statuses = run_study(study, args.cells, budget_s=args.budget_s, device=args.device,
                              progress=not args.no_progress)
     except ValueError as err:
@@ -414,6 +422,20 @@ def run(args: argparse.Namespace) -> int:
     for c, s in statuses.items():
         print(f"{c:<28} {s}")
     return 0 if all(s in ("done",) for s in statuses.values()) else 1
+
+
+def _table(study: dict, tables, write: bool) -> int:
+    from pathlab.figures import study_tables
+
+    if write:
+        root = repo_root() or Path.cwd()
+        for path in study_tables.write_tables(study, [root / "README.md", results_dir(study) / "README.md"]):
+            print(f"updated {path}")
+        return 0
+    groups = list(dict.fromkeys(spec.get("group") for spec in study["cells"].values() if spec.get("group")))
+    for name in tables or ["cells", *groups]:
+        print(f"{name}:\n{study_tables.render(study, name)}\n")
+    return 0
 
 
 def runs_here(study: dict) -> bool:

@@ -1,0 +1,108 @@
+"""`pathlab study table`: the markdown tables of a study's results, on synthetic result folders, and the check
+that the tables committed in the README and the study ledger are the ones the committed results give."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pathlab.figures import study as studies
+from pathlab.figures import study_tables as tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _eval(rng, lengths=(512, 2048, 8192, 32768, 65536), ntk=False):
+    def section():
+        out = {}
+        for L in lengths:
+            r = 1.0 if L == 512 else float(rng.uniform(1, 10))
+            out[str(L)] = {"loss": float(rng.uniform(2, 4)), "ratio": r, "ratio_ci95": [r * 0.9, r * 1.1]}
+        return out
+
+    ev = {"train_length": 512, "lengths": section()}
+    if ntk:
+        ev["ntk"] = section()
+    return ev
+
+
+def _study(tmp_path, rng):
+    study = {"name": "unit", "results_dir": str(tmp_path / "results"),
+             "cells": {"rope": {"attention": "rope", "group": "headline"},
+                       "alibi": {"attention": "alibi", "group": "headline"},
+                       "w16": {"attention": "rot_random_qk", "group": "sweep"}}}
+    written = {}
+    for name, ntk in (("rope", True), ("w16", False)):
+        folder = tmp_path / "results" / name
+        folder.mkdir(parents=True)
+        cell = {"tokens": 50003968, "iterations": 1526, "git_revision": f"{rng.integers(1 << 60):040x}",
+                "seconds": {"train_s": 200.4, "eval_s": 53.6, "probes_s": 33.2}}
+        ev = _eval(rng, ntk=ntk)
+        (folder / "cell.json").write_text(json.dumps(cell))
+        (folder / "eval.json").write_text(json.dumps(ev))
+        written[name] = (cell, ev)
+    return study, written
+
+
+def _fmt(row):
+    return f"{row['ratio']:.2f} [{row['ratio_ci95'][0]:.2f}, {row['ratio_ci95'][1]:.2f}]"
+
+
+def test_tables_read_every_number_from_the_cell_files(tmp_path):
+    rng = np.random.default_rng()
+    study, written = _study(tmp_path, rng)
+    cells = tables.render(study, "cells").splitlines()
+    assert [line.split(" | ")[0] for line in cells[2:]] == ["| rope", "| w16"]  # alibi has no results: no row
+    cell, ev = written["w16"]
+    assert cells[3] == (f"| w16 | 50.0M | 1526 | {ev['lengths']['512']['loss']:.3f} | {_fmt(ev['lengths']['8192'])} | "
+                        f"{_fmt(ev['lengths']['65536'])} | 200 / 54 / 33 | {cell['git_revision'][:7]} |")
+
+    head = tables.render(study, "headline").splitlines()
+    assert head[0].startswith("| cell | r(2K) | r(8K) | r(32K) | r(65K) |") and head[0].endswith("published |")
+    cell, ev = written["rope"]
+    assert head[2].split(" | ")[1:5] == [_fmt(ev["lengths"][str(L)]) for L in (2048, 8192, 32768, 65536)]
+    assert head[2].endswith("| r(8K) = 16.2 |")
+    assert head[3].startswith("| rope, NTK-scaled at evaluation | " + _fmt(ev["ntk"]["2048"]))
+    assert head[4] == "| alibi | not yet run | | | | | | r(65K) = 0.96 |"
+    assert all(line.count("|") == head[0].count("|") for line in head)
+
+    sweep = tables.render(study, "sweep").splitlines()
+    assert "published" not in sweep[0] and "NTK" not in "\n".join(sweep) and len(sweep) == 3
+
+
+def test_an_unknown_group_is_an_error_naming_the_groups(tmp_path):
+    study, _ = _study(tmp_path, np.random.default_rng())
+    with pytest.raises(ValueError, match="no cells in group 'bogus'; its groups: headline, sweep"):
+        tables.render(study, "bogus")
+
+
+def test_fill_replaces_only_this_studys_blocks_and_is_idempotent(tmp_path):
+    study, _ = _study(tmp_path, np.random.default_rng())
+    other = "<!-- table: pathlab study table other cells -->\nstale\n<!-- end of table -->"
+    doc = ("intro\n<!-- table: pathlab study table unit sweep -->\nstale\n<!-- end of table -->\nmiddle\n"
+           f"{other}\nend\n")
+    filled = tables.fill(doc, study)
+    assert "stale\n<!-- end of table -->\nmiddle" not in filled and other in filled
+    assert filled.startswith("intro\n") and filled.endswith("\nend\n") and "| w16 |" in filled
+    assert tables.fill(filled, study) == filled
+    path = tmp_path / "doc.md"
+    path.write_text(doc)
+    assert tables.write_tables(study, [path, tmp_path / "absent.md"]) == [path]
+    assert path.read_text() == filled and tables.write_tables(study, [path]) == []
+
+
+def test_committed_docs_show_the_committed_results():
+    """README.md and every study ledger hold the tables their results give (rerun `pathlab study table <study>
+    --write` after adding a cell's results)."""
+    checked = 0
+    for name in studies.available_studies():
+        study = studies.load_study(name)
+        for path in (ROOT / "README.md", studies.results_dir(study) / "README.md"):
+            if path.is_file() and f"pathlab study table {name} " in path.read_text():
+                text = path.read_text()
+                assert tables.fill(text, study) == text, f"{path.name}: run `pathlab study table {name} --write`"
+                checked += 1
+    assert checked >= 2  # the README and the owt16-debian ledger carry tables
