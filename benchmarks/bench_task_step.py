@@ -2,7 +2,7 @@
 
     python3 benchmarks/bench_task_step.py --out benchmarks/results/task-step-h200.json
 
-The models and settings are those of ``pathlab tasks run TASK --profile PROFILE`` (``configs/tasks/*.yaml``), with
+The models and settings are those of ``pathlab tasks run TASK --preset PRESET`` (``configs/tasks/*.yaml``), with
 the overrides given per case. Each (case, attention, precision, compile) combination builds the model, runs
 ``--warmup`` untimed steps (compilation, CUDA-graph capture, autotuning) and ``--steps`` timed ones on one fixed
 batch between device synchronisations, with :func:`pathlab.tasks.runner.train_step` (the step the task runner
@@ -26,7 +26,7 @@ from pathlab.tasks.runner import build_task_model, compile_for_training, resolve
 from pathlab.tasks.settings import parse_overrides, resolve_settings
 from pathlab.tasks.specs import get_task
 
-# name: (task, profile, overrides); the shapes of the committed A5 and MQRAR-N runs
+# name: (task, preset, overrides); the shapes of the committed A5 and MQRAR-N runs
 CASES = {
     "a5-k5-L2": ("a5", "h200", {"length": 5, "n_layer": 2, "batch_size": 512}),
     "mqrar-n2": ("mqrar", "h200", {"n_back": 2}),
@@ -39,8 +39,8 @@ def _sync(device):
 
 
 def time_steps(case: str, attention: str, precision: str, compile_mode: str, steps: int, warmup: int) -> dict:
-    task, profile, overrides = CASES[case]
-    s = resolve_settings(task, profile=profile,
+    task, preset, overrides = CASES[case]
+    s = resolve_settings(task, preset=preset,
                          overrides={**overrides, "precision": precision, "compile": compile_mode})
     device = resolve_device(s["device"])
     torch.manual_seed(0)
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     rows = []
     result = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "versions": library_versions(),
               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "cases": {k: {"task": v[0], "profile": v[1], "overrides": v[2]} for k, v in CASES.items()},
+              "cases": {k: {"task": v[0], "preset": v[1], "overrides": v[2]} for k, v in CASES.items()},
               "rows": rows, "fastest": {}}
     for case in args.cases.split(","):
         for attention in args.attentions.split(","):

@@ -84,7 +84,7 @@ def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
     assert res["stem"] == "state_tracking" and res["figure"]
     record = json.loads((tmp_path / "fig" / "state_tracking.json").read_text())
     assert record["parameters"] == {"profile": "tiny-cpu", "fast": True, "retrain": True}
-    assert record["data"]["source"].startswith("trained now with the tiny-cpu task profile")
+    assert record["data"]["source"].startswith("trained now with the tiny-cpu task preset")
     assert {r["attention"] for r in record["data"]["flipflop"]} == {"rope", "fox", "path", "path_fox"}
     assert set(record["data"]["a5_min_layers"]) == {"rope", "fox", "path", "path_fox"}
     # the model-based claims are present as booleans; tiny models need not satisfy them

@@ -1,4 +1,4 @@
-"""End-to-end task runs on the CPU: settings, the training loop, the sweep and the CLI (tiny profiles)."""
+"""End-to-end task runs on the CPU: settings, the training loop, the sweep and the CLI (tiny presets)."""
 
 import json
 import math
@@ -25,7 +25,7 @@ def _one_thread():
 @pytest.mark.parametrize("task,attention", [("flipflop", "path"), ("a5", "rope"), ("mqrar", "path_fox")])
 def test_tiny_run_end_to_end(tmp_path, task, attention):
     out = tmp_path / f"{task}.json"
-    rec = run_task(task, attention, profile="tiny-cpu", out=out, progress=False, command="test")
+    rec = run_task(task, attention, preset="tiny-cpu", out=out, progress=False, command="test")
     on_disk = json.loads(out.read_text())
     assert on_disk["summary"] == rec["summary"] and on_disk["command"] == "test"
     assert on_disk["settings"]["attention_kwargs"] == {} and "torch" in on_disk["versions"]
@@ -37,7 +37,7 @@ def test_tiny_run_end_to_end(tmp_path, task, attention):
     if task == "flipflop":
         assert set(rec["summary"]["read_error"]) == {"in_dist", "sparse", "dense"}
     # same seed, same run: bitwise-identical metrics on the CPU
-    again = run_task(task, attention, profile="tiny-cpu", progress=False)
+    again = run_task(task, attention, preset="tiny-cpu", progress=False)
     assert again["metrics"] == rec["metrics"]
 
 
@@ -61,7 +61,7 @@ def test_scoring_counts():
 
 
 def test_settings_layers_and_errors():
-    s = resolve_settings("mqrar", profile="h200", overrides={"n_back": 3, "lr": "3e-4"} | {"lr": 3e-4})
+    s = resolve_settings("mqrar", preset="h200", overrides={"n_back": 3, "lr": "3e-4"} | {"lr": 3e-4})
     assert (s["n_layer"], s["n_embd"], s["n_head"], s["n_pairs"], s["length"]) == (2, 256, 2, 32, 768)
     assert s["n_back"] == 3 and s["lr"] == 3e-4
     assert parse_overrides(["a=1", "b=x", "c=None", "d={'k': 2}"]) == {"a": 1, "b": "x", "c": None, "d": {"k": 2}}
@@ -71,12 +71,12 @@ def test_settings_layers_and_errors():
         resolve_settings("a5", overrides={"steps": "many"})
     with pytest.raises(ValueError, match="variant must be one of"):
         resolve_settings("a5", overrides={"variant": "parity"})
-    with pytest.raises(ValueError, match="profile must be one of"):
-        resolve_settings("flipflop", profile="laptop")
+    with pytest.raises(ValueError, match="preset must be one of"):
+        resolve_settings("flipflop", preset="laptop")
     with pytest.raises(ValueError, match="length must exceed"):
         resolve_settings("mqrar", overrides={"n_back": 4, "length": 200})
     with pytest.raises(ValueError, match="unknown attention"):
-        run_task("a5", "sinusoidal", profile="tiny-cpu", progress=False)
+        run_task("a5", "sinusoidal", preset="tiny-cpu", progress=False)
 
 
 def test_learning_rate_schedule():
@@ -90,7 +90,7 @@ def test_learning_rate_schedule():
 
 def test_a5_sweep_and_suite(tmp_path):
     out = tmp_path / "sweep.json"
-    sweep_a5(profile="tiny-cpu", attentions=["rope"], lengths=[2], layers=[1, 2], out=out,
+    sweep_a5(preset="tiny-cpu", attentions=["rope"], lengths=[2], layers=[1, 2], out=out,
              overrides={"steps": 4, "eval_every": 2}, command="cmd", log=lambda *_: None)
     doc = json.loads(out.read_text())
     (chain,) = doc["chains"]
@@ -99,7 +99,7 @@ def test_a5_sweep_and_suite(tmp_path):
     assert chain["layers_tried"] == [1, 2] and chain["min_layers"] is None
     assert tasks_cli.min_layers_table(out) == {"rope": {2: None}}
 
-    paths = run_suite(profile="tiny-cpu", attentions=["nope"], tasks=["mqrar", "flipflop"], out_dir=tmp_path,
+    paths = run_suite(preset="tiny-cpu", attentions=["nope"], tasks=["mqrar", "flipflop"], out_dir=tmp_path,
                       overrides={"mqrar": {"steps": 2, "eval_every": 1}, "flipflop": {"steps": 2}},
                       log=lambda *_: None)
     mq = json.loads(paths["mqrar"].read_text())
@@ -111,7 +111,7 @@ def test_parallel_depths_join_one_chain(tmp_path):
     """--parallel-depths trains each depth as its own job; the results join one chain per (attention, length)."""
     from pathlab.cli import main
 
-    assert main(["tasks", "suite", "--profile", "tiny-cpu", "--attentions", "nope", "--tasks", "a5", "--lengths",
+    assert main(["tasks", "suite", "--preset", "tiny-cpu", "--attentions", "nope", "--tasks", "a5", "--lengths",
                  "2", "--layers", "1,2", "--parallel-depths", "--out-dir", str(tmp_path), "--set", "a5:steps=2",
                  "--set", "a5:eval_every=2"]) == 0
     (chain,) = json.loads((tmp_path / "a5_sweep.json").read_text())["chains"]
@@ -134,14 +134,14 @@ def test_cli_run_and_errors(tmp_path, capsys):
     from pathlab.cli import main
 
     out = tmp_path / "r.json"
-    assert main(["tasks", "run", "a5", "--attention", "fox", "--profile", "tiny-cpu", "--quiet", "--out", str(out),
+    assert main(["tasks", "run", "a5", "--attention", "fox", "--preset", "tiny-cpu", "--quiet", "--out", str(out),
                  "steps=3", "eval_every=3"]) == 0
     rec = json.loads(out.read_text())
     assert rec["steps"] == 3 and rec["command"].startswith("pathlab ")
-    assert main(["tasks", "run", "a5", "--attention", "fox", "--profile", "tiny-cpu", "--quiet", "--out",
+    assert main(["tasks", "run", "a5", "--attention", "fox", "--preset", "tiny-cpu", "--quiet", "--out",
                  str(out), "depth=3"]) == 2
     assert "unknown setting 'depth'" in capsys.readouterr().err
-    assert main(["tasks", "settings", "flipflop", "--profile", "h200"]) == 0
+    assert main(["tasks", "settings", "flipflop", "--preset", "h200"]) == 0
     assert json.loads(capsys.readouterr().out)["n_embd"] == 64
 
 
@@ -185,7 +185,7 @@ def test_cli_sweep_a5(tmp_path, capsys):
     from pathlab.cli import main
 
     out = tmp_path / "sweep.json"
-    assert main(["tasks", "sweep-a5", "--profile", "tiny-cpu", "--attentions", "rope", "--lengths", "2",
+    assert main(["tasks", "sweep-a5", "--preset", "tiny-cpu", "--attentions", "rope", "--lengths", "2",
                  "--layers", "1", "--out", str(out), "steps=2", "eval_every=2"]) == 0
     assert json.loads(capsys.readouterr().out.split("wrote")[0]) == {"rope": {"2": None}}
     assert json.loads(out.read_text())["command"].startswith("pathlab ")
@@ -194,7 +194,7 @@ def test_cli_sweep_a5(tmp_path, capsys):
 def test_cli_suite_takes_the_sweep_lists(tmp_path):
     from pathlab.cli import main
 
-    assert main(["tasks", "suite", "--profile", "tiny-cpu", "--attentions", "nope", "--tasks", "mqrar,a5",
+    assert main(["tasks", "suite", "--preset", "tiny-cpu", "--attentions", "nope", "--tasks", "mqrar,a5",
                  "--n-back", "3", "--lengths", "2", "--layers", "1", "--out-dir", str(tmp_path)]) == 0
     mq = json.loads((tmp_path / "mqrar.json").read_text())
     a5 = json.loads((tmp_path / "a5_sweep.json").read_text())
@@ -204,9 +204,9 @@ def test_cli_suite_takes_the_sweep_lists(tmp_path):
 
 def test_compiled_training_step_follows_the_eager_run():
     """compile=aot_eager traces the PaTH model's training step and trains as the eager run does."""
-    eager = run_task("mqrar", "path", profile="tiny-cpu", progress=False)
-    traced = run_task("mqrar", "path", profile="tiny-cpu", overrides={"compile": "aot_eager"}, progress=False)
+    eager = run_task("mqrar", "path", preset="tiny-cpu", progress=False)
+    traced = run_task("mqrar", "path", preset="tiny-cpu", overrides={"compile": "aot_eager"}, progress=False)
     losses = [h["train_loss"] for h in eager["history"]], [h["train_loss"] for h in traced["history"]]
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     with pytest.raises(ValueError, match="compile must be one of"):
-        run_task("mqrar", "path", profile="tiny-cpu", overrides={"compile": "fast"}, progress=False)
+        run_task("mqrar", "path", preset="tiny-cpu", overrides={"compile": "fast"}, progress=False)

@@ -1,10 +1,10 @@
 """``pathlab tasks``: train and evaluate small models on the state-tracking tasks.
 
-    pathlab tasks run flipflop --attention path --profile cpu            # one run, JSON of the metrics
+    pathlab tasks run flipflop --attention path --preset cpu            # one run, JSON of the metrics
     pathlab tasks run a5 --attention rope length=12 n_layer=2           # key=value settings on top
-    pathlab tasks sweep-a5 --profile cpu --attentions rope,path          # minimum layers per length
-    pathlab tasks suite --profile h200 --workers 12 --out-dir results/tasks/h200
-    pathlab tasks settings mqrar --profile h200                          # print the resolved settings
+    pathlab tasks sweep-a5 --preset cpu --attentions rope,path          # minimum layers per length
+    pathlab tasks suite --preset h200 --workers 12 --out-dir results/tasks/h200
+    pathlab tasks settings mqrar --preset h200                          # print the resolved settings
 """
 
 from __future__ import annotations
@@ -52,37 +52,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="train and evaluate one model on a task")
     run.add_argument("task", choices=sorted(TASKS))
     run.add_argument("--attention", required=True, help="attention variant (see `pathlab info`)")
-    run.add_argument("--profile", default="cpu", help="profile of configs/tasks/TASK.yaml (tiny-cpu, cpu, h200)")
-    run.add_argument("--out", default=None, help="result JSON (default runs/tasks/PROFILE/TASK-ATTENTION.json)")
+    run.add_argument("--preset", default="cpu", help="preset of configs/tasks/TASK.yaml (tiny-cpu, cpu, h200)")
+    run.add_argument("--out", default=None, help="result JSON (default runs/tasks/PRESET/TASK-ATTENTION.json)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("overrides", nargs="*", metavar="key=value", help="settings on top of the profile")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="settings on top of the preset")
 
     sw = sub.add_parser("sweep-a5", help="minimum number of layers reaching >90%% accuracy, per A5 length")
-    sw.add_argument("--profile", default="cpu")
+    sw.add_argument("--preset", default="cpu")
     sw.add_argument("--attentions", type=_csv, default=list(DEFAULT_ATTENTIONS))
-    sw.add_argument("--lengths", type=_ints, default=None, help="e.g. 4,8,12 (default: the profile's)")
-    sw.add_argument("--layers", type=_ints, default=None, help="depths to try, e.g. 1,2,3,4 (default: profile's)")
+    sw.add_argument("--lengths", type=_ints, default=None, help="e.g. 4,8,12 (default: the preset's)")
+    sw.add_argument("--layers", type=_ints, default=None, help="depths to try, e.g. 1,2,3,4 (default: preset's)")
     sw.add_argument("--workers", type=int, default=1, help="parallel worker processes")
-    sw.add_argument("--out", default=None, help="JSON path (default runs/tasks/PROFILE/a5_sweep.json)")
+    sw.add_argument("--out", default=None, help="JSON path (default runs/tasks/PRESET/a5_sweep.json)")
     sw.add_argument("overrides", nargs="*", metavar="key=value")
 
     su = sub.add_parser("suite", help="flip-flop, MQRAR-N and the A5 sweep for several variants")
-    su.add_argument("--profile", default="cpu")
+    su.add_argument("--preset", default="cpu")
     su.add_argument("--attentions", type=_csv, default=list(DEFAULT_ATTENTIONS))
     su.add_argument("--tasks", type=_csv, default=["flipflop", "mqrar", "a5"])
     su.add_argument("--workers", type=int, default=1)
-    su.add_argument("--out-dir", default=None, help="folder for the JSONs (default runs/tasks/PROFILE)")
+    su.add_argument("--out-dir", default=None, help="folder for the JSONs (default runs/tasks/PRESET)")
     su.add_argument("--set", action="append", default=[], metavar="TASK:key=value",
                     help="a setting for one task, e.g. a5:steps=100 (repeatable)")
-    su.add_argument("--n-back", type=_ints, default=None, help="MQRAR-N values, e.g. 2,3 (default: profile's)")
-    su.add_argument("--lengths", type=_ints, default=None, help="A5 lengths, e.g. 4,8 (default: profile's)")
-    su.add_argument("--layers", type=_ints, default=None, help="A5 depths to try, e.g. 1,2,3 (default: profile's)")
+    su.add_argument("--n-back", type=_ints, default=None, help="MQRAR-N values, e.g. 2,3 (default: preset's)")
+    su.add_argument("--lengths", type=_ints, default=None, help="A5 lengths, e.g. 4,8 (default: preset's)")
+    su.add_argument("--layers", type=_ints, default=None, help="A5 depths to try, e.g. 1,2,3 (default: preset's)")
     su.add_argument("--parallel-depths", action="store_true",
                     help="train each A5 depth as its own job instead of deepening until one solves the length")
 
-    st = sub.add_parser("settings", help="print the resolved settings of a task and profile")
+    st = sub.add_parser("settings", help="print the resolved settings of a task and preset")
     st.add_argument("task", choices=sorted(TASKS))
-    st.add_argument("--profile", default="cpu")
+    st.add_argument("--preset", default="cpu")
     st.add_argument("overrides", nargs="*", metavar="key=value")
 
 
@@ -100,14 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "settings":
-            s = resolve_settings(args.task, profile=args.profile, overrides=parse_overrides(args.overrides))
+            s = resolve_settings(args.task, preset=args.preset, overrides=parse_overrides(args.overrides))
             print(json.dumps(s, indent=1))
             return 0
         if args.action == "run":
             from pathlab.tasks.runner import run_task
 
-            out = args.out or Path("runs") / "tasks" / args.profile / f"{args.task}-{args.attention}.json"
-            rec = run_task(args.task, args.attention, profile=args.profile,
+            out = args.out or Path("runs") / "tasks" / args.preset / f"{args.task}-{args.attention}.json"
+            rec = run_task(args.task, args.attention, preset=args.preset,
                            overrides=parse_overrides(args.overrides), out=out, progress=not args.quiet,
                            command=_command())
             print(json.dumps({"summary": rec["summary"], "steps": rec["steps"], "stopped": rec["stopped"],
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "sweep-a5":
             from pathlab.tasks.suite import sweep_a5
 
-            out = args.out or Path("runs") / "tasks" / args.profile / "a5_sweep.json"
-            sweep_a5(profile=args.profile, attentions=args.attentions, lengths=args.lengths, layers=args.layers,
+            out = args.out or Path("runs") / "tasks" / args.preset / "a5_sweep.json"
+            sweep_a5(preset=args.preset, attentions=args.attentions, lengths=args.lengths, layers=args.layers,
                      out=out, workers=args.workers, overrides=parse_overrides(args.overrides), command=_command(),
                      log=_log)
             print(json.dumps(min_layers_table(out), indent=1))
@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
                 per_task.setdefault(task, []).append(kv)
             sweeps = {"mqrar": {"n_back": args.n_back} if args.n_back else {},
                       "a5": {key: val for key, val in (("lengths", args.lengths), ("layers", args.layers)) if val}}
-            out_dir = args.out_dir or Path("runs") / "tasks" / args.profile
-            paths = run_suite(profile=args.profile, attentions=args.attentions, tasks=args.tasks, out_dir=out_dir,
+            out_dir = args.out_dir or Path("runs") / "tasks" / args.preset
+            paths = run_suite(preset=args.preset, attentions=args.attentions, tasks=args.tasks, out_dir=out_dir,
                               workers=args.workers, command=_command(), log=_log, sweeps=sweeps,
                               parallel_depths=args.parallel_depths,
                               overrides={t: parse_overrides(v) for t, v in per_task.items()})

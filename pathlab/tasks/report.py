@@ -1,7 +1,7 @@
 """Tables, claims and the figure of the state-tracking notebook, computed from the suite's JSON files.
 
 The suite (:func:`pathlab.tasks.suite.run_suite`) writes ``flipflop.json``, ``mqrar.json`` and ``a5_sweep.json``
-into one folder; committed results live in ``results/tasks/<profile>/`` (``h200``: the paper-sized models on one
+into one folder; committed results live in ``results/tasks/<preset>/`` (``h200``: the paper-sized models on one
 H200; ``cpu``: the CPU-sized settings). :func:`state_tracking_data` turns such a folder into the plotted numbers
 and :func:`state_tracking_claims` checks the issue's targets against them.
 """
@@ -67,10 +67,10 @@ def obtain_results(profile: str, fast: bool, *, root: str | Path = ".", retrain:
                    attentions=ORDER, log=print) -> tuple[Path, str]:
     """The suite folder the notebook plots, and where it came from.
 
-    Committed results (``results/tasks/h200``, then ``results/tasks/cpu`` for the tiny-cpu profile) are used
-    when present, unless ``retrain``. Otherwise the suite is trained now: the ``tiny-cpu`` task profile in fast
-    mode (about a minute on a CPU, a pipeline check rather than a result), else the ``cpu`` task profile (for the
-    tiny-cpu notebook profile) or ``h200`` (for the GPU profiles), into ``runs/tasks/<task profile>/``.
+    Committed results (``results/tasks/h200``, then ``results/tasks/cpu`` for the tiny-cpu figure profile) are used
+    when present, unless ``retrain``. Otherwise the suite is trained now: the ``tiny-cpu`` task preset in fast
+    mode (about a minute on a CPU, a pipeline check rather than a result), else the ``cpu`` task preset (for the
+    tiny-cpu figure profile) or ``h200`` (for the GPU studies), into ``runs/tasks/<preset>/``.
     """
     from pathlab.tasks.suite import run_suite
 
@@ -80,11 +80,11 @@ def obtain_results(profile: str, fast: bool, *, root: str | Path = ".", retrain:
         folder = find_results(root / "results" / "tasks", prefer)
         if folder is not None:
             return folder, f"committed results in {folder.relative_to(root)}"
-    task_profile = "tiny-cpu" if fast else ("cpu" if profile == "tiny-cpu" else "h200")
-    folder = root / ("build" if fast else "runs") / "tasks" / task_profile
-    run_suite(profile=task_profile, attentions=attentions, out_dir=folder, log=log,
-              command=f"pathlab tasks suite --profile {task_profile} --out-dir {folder.relative_to(root)}")
-    return folder, f"trained now with the {task_profile} task profile into {folder.relative_to(root)}"
+    preset = "tiny-cpu" if fast else ("cpu" if profile == "tiny-cpu" else "h200")
+    folder = root / ("build" if fast else "runs") / "tasks" / preset
+    run_suite(preset=preset, attentions=attentions, out_dir=folder, log=log,
+              command=f"pathlab tasks suite --preset {preset} --out-dir {folder.relative_to(root)}")
+    return folder, f"trained now with the {preset} task preset into {folder.relative_to(root)}"
 
 
 # ------------------------------------------------------------------------------------------------- tables

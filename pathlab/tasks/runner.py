@@ -111,15 +111,15 @@ def evaluate_model(model, task_name: str, s: Mapping[str, Any], *, quick: bool =
     return out
 
 
-def run_task(task: str, attention: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None,
+def run_task(task: str, attention: str, *, preset: str | None = None, overrides: Mapping[str, Any] | None = None,
              out: str | Path | None = None, progress: bool = True, command: str | None = None) -> dict:
     """Train and evaluate one model; returns the result record (also written atomically to ``out`` as JSON).
 
     Args:
         task: "flipflop", "a5" or "mqrar".
         attention: a registered variant name (``pathlab.available_attention()``).
-        profile: a profile of ``configs/tasks/<task>.yaml`` ("tiny-cpu", "cpu", "h200"), or None for defaults.
-        overrides: settings on top of the profile (see :mod:`pathlab.tasks.settings`).
+        preset: a preset of ``configs/tasks/<task>.yaml`` ("tiny-cpu", "cpu", "h200"), or None for defaults.
+        overrides: settings on top of the preset (see :mod:`pathlab.tasks.settings`).
         out: JSON path for the result, or None.
         progress: show a tqdm bar.
         command: the command line that produced the run, stored in the record.
@@ -129,7 +129,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     if attention not in available_attention():
         raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(available_attention())}")
     spec = get_task(task)
-    s = resolve_settings(task, profile=profile, overrides=overrides)
+    s = resolve_settings(task, preset=preset, overrides=overrides)
     device = resolve_device(s["device"])
     if s["precision"] == "tf32":
         torch.set_float32_matmul_precision("high")  # process-wide: fp32 matmuls on TF32 tensor cores
@@ -195,7 +195,7 @@ def run_task(task: str, attention: str, *, profile: str | None = None, overrides
     record = {
         "task": task,
         "attention": attention,
-        "profile": profile,
+        "preset": preset,
         "settings": s,
         "summary": spec.summary(metrics),
         "metrics": metrics,

@@ -1,6 +1,6 @@
 """Settings of a task run: one flat dict, resolved in four layers (later wins)::
 
-    COMMON defaults  <-  the task's defaults  <-  a profile of configs/tasks/<task>.yaml  <-  key=value overrides
+    COMMON defaults  <-  the task's defaults  <-  a preset of configs/tasks/<task>.yaml  <-  key=value overrides
 
 Every key is known in advance and typed by its default (``TYPES`` for keys whose default is None); an unknown key
 or a value of the wrong type is a ``ValueError`` that names the key and lists the valid ones.
@@ -44,30 +44,30 @@ def defaults(task: str) -> dict[str, Any]:
     return {**COMMON, **get_task(task).defaults}
 
 
-def load_profile(task: str, profile: str | None, config_dir: str | Path | None = None) -> dict[str, Any]:
-    """The settings of ``profile`` in ``configs/tasks/<task>.yaml`` (``{}`` for None)."""
-    if profile is None:
+def load_preset(task: str, preset: str | None, config_dir: str | Path | None = None) -> dict[str, Any]:
+    """The settings of ``preset`` in ``configs/tasks/<task>.yaml`` (``{}`` for None)."""
+    if preset is None:
         return {}
     path = Path(config_dir or CONFIG_DIR) / f"{task}.yaml"
     if not path.exists():
         raise ValueError(f"no task config {path}")
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f) or {}
-    profiles = doc.get("profiles", {})
-    if profile not in profiles:
-        raise ValueError(f"profile must be one of {sorted(profiles)} (from {path.name}), got {profile!r}")
-    return dict(profiles[profile] or {})
+    presets = doc.get("presets", {})
+    if preset not in presets:
+        raise ValueError(f"preset must be one of {sorted(presets)} (from {path.name}), got {preset!r}")
+    return dict(presets[preset] or {})
 
 
-def sweep_profile(task: str, profile: str, config_dir: str | Path | None = None) -> dict[str, Any]:
-    """The ``sweep:`` section of configs/tasks/<task>.yaml for ``profile`` (for a5: lengths and layers; for
-    mqrar: the n_back values), or ``{}`` when the file has none for that profile."""
+def sweep_preset(task: str, preset: str, config_dir: str | Path | None = None) -> dict[str, Any]:
+    """The ``sweep:`` section of configs/tasks/<task>.yaml for ``preset`` (for a5: lengths and layers; for
+    mqrar: the n_back values), or ``{}`` when the file has none for that preset."""
     path = Path(config_dir or CONFIG_DIR) / f"{task}.yaml"
     if not path.exists():
         raise ValueError(f"no task config {path}")
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f) or {}
-    return dict((doc.get("sweep") or {}).get(profile) or {})
+    return dict((doc.get("sweep") or {}).get(preset) or {})
 
 
 def parse_overrides(items) -> dict[str, Any]:
@@ -111,12 +111,12 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
     return dict(value) if kind is dict else value
 
 
-def resolve_settings(task: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None,
+def resolve_settings(task: str, *, preset: str | None = None, overrides: Mapping[str, Any] | None = None,
                      config_dir: str | Path | None = None) -> dict[str, Any]:
     """The full settings dict of one run, validated."""
     base = defaults(task)
     merged = dict(base)
-    for layer in (load_profile(task, profile, config_dir), dict(overrides or {})):
+    for layer in (load_preset(task, preset, config_dir), dict(overrides or {})):
         for key, value in layer.items():
             if key not in base:
                 raise ValueError(f"unknown setting {key!r} for task {task!r}; valid settings: "

@@ -4,7 +4,7 @@
 and stop at the first depth whose test sequence accuracy exceeds ``solved_at`` (90%, Merrill et al.): that depth
 is the minimum number of layers for k (None when no depth in the list solves it).
 
-**Suite.** Flip-flop per attention, MQRAR-N per attention and N, and the A5 sweep, all from one profile of
+**Suite.** Flip-flop per attention, MQRAR-N per attention and N, and the A5 sweep, all from one preset of
 ``configs/tasks/*.yaml``. Small models leave a GPU mostly idle, so ``workers > 1`` runs independent jobs in
 separate processes sharing the device. Each task's aggregate JSON is rewritten (atomically) after every finished
 job, so a run cut short still leaves every finished result on disk.
@@ -20,18 +20,18 @@ from typing import Any, Mapping, Sequence
 
 from pathlab.attention.registry import attention_class
 from pathlab.tasks.runner import run_task, write_json
-from pathlab.tasks.settings import resolve_settings, sweep_profile
+from pathlab.tasks.settings import resolve_settings, sweep_preset
 
 DEFAULT_ATTENTIONS = ("rope", "fox", "path", "path_fox")
 
 
-def a5_chain(attention: str, length: int, layers: Sequence[int], *, profile: str | None,
+def a5_chain(attention: str, length: int, layers: Sequence[int], *, preset: str | None,
              overrides: Mapping[str, Any] | None = None, progress: bool = False) -> dict:
     """Train A5 at one length with increasing depth until one solves it; returns the chain record."""
     runs = []
     min_layers = None
     for n_layer in sorted(layers):
-        rec = run_task("a5", attention, profile=profile,
+        rec = run_task("a5", attention, preset=preset,
                        overrides={**dict(overrides or {}), "length": int(length), "n_layer": int(n_layer)},
                        progress=progress)
         runs.append(rec)
@@ -52,7 +52,7 @@ def merge_chains(chains: Sequence[dict]) -> dict:
             "runs": runs}
 
 
-def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
+def _job(kind: str, attention: str, preset, overrides, extra) -> dict:
     """One unit of work in a worker process (top-level, so that it pickles)."""
     import torch
 
@@ -60,8 +60,8 @@ def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
         torch.set_num_threads(1)  # the GPU does the work; many workers must not fight over CPU threads
     def go(overrides):
         if kind == "a5":
-            return a5_chain(attention, extra["length"], extra["layers"], profile=profile, overrides=overrides)
-        return run_task(kind, attention, profile=profile, overrides={**dict(overrides or {}), **extra},
+            return a5_chain(attention, extra["length"], extra["layers"], preset=preset, overrides=overrides)
+        return run_task(kind, attention, preset=preset, overrides={**dict(overrides or {}), **extra},
                         progress=False)
 
     try:
@@ -85,45 +85,45 @@ def _job(kind: str, attention: str, profile, overrides, extra) -> dict:
         raise RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}") from None
 
 
-def _aggregate(task: str, profile, command, results: list[dict], **fields) -> dict:
+def _aggregate(task: str, preset, command, results: list[dict], **fields) -> dict:
     key = "chains" if task == "a5" else "runs"
     # a stable order whatever order the workers finished in
     results = sorted(results, key=lambda r: (r["attention"], r.get("length", 0),
                                              r.get("settings", {}).get("n_back", 0)))
-    return {"task": "a5_sweep" if task == "a5" else task, "profile": profile, "command": command, **fields,
+    return {"task": "a5_sweep" if task == "a5" else task, "preset": preset, "command": command, **fields,
             key: results}
 
 
-def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
+def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
               tasks: Sequence[str] = ("flipflop", "mqrar", "a5"), out_dir: str | Path,
               workers: int = 1, overrides: Mapping[str, Mapping[str, Any]] | None = None,
               sweeps: Mapping[str, Mapping[str, Any]] | None = None, paths: Mapping[str, Path] | None = None,
               parallel_depths: bool = False, command: str | None = None, log=print) -> dict[str, Path]:
-    """Run the suite of ``profile`` and write ``<out_dir>/{flipflop,mqrar,a5_sweep}.json``.
+    """Run the suite of ``preset`` and write ``<out_dir>/{flipflop,mqrar,a5_sweep}.json``.
 
     ``parallel_depths``: train every A5 depth as its own job (in parallel workers) instead of deepening one chain
     until a depth solves the length; the minimum depth is the same, found sooner with enough workers, at the cost
     of training the depths above it too.
 
-    ``overrides`` maps a task name to settings applied on top of the profile (e.g. ``{"a5": {"steps": 50}}``);
+    ``overrides`` maps a task name to settings applied on top of the preset (e.g. ``{"a5": {"steps": 50}}``);
     the sweep lists (A5 ``lengths``/``layers``, MQRAR ``n_back``) come from the ``sweep:`` section of each task's
     YAML, updated by ``sweeps[task]``. ``paths`` overrides the output file of a task. Returns the paths by task.
     """
     overrides = {t: dict((overrides or {}).get(t, {})) for t in tasks}
     for t in tasks:  # fail before starting any worker on a bad setting
-        resolve_settings(t, profile=profile, overrides=overrides[t])
+        resolve_settings(t, preset=preset, overrides=overrides[t])
     jobs: list[tuple[str, str, dict]] = []
     fields: dict[str, dict] = {}
     if "a5" in tasks:
-        sw = {**sweep_profile("a5", profile), **dict((sweeps or {}).get("a5", {}))}
+        sw = {**sweep_preset("a5", preset), **dict((sweeps or {}).get("a5", {}))}
         lengths, layers = sw.get("lengths", [16]), sw.get("layers", [1, 2, 3, 4])
-        solved_at = resolve_settings("a5", profile=profile, overrides=overrides["a5"])["solved_at"]
+        solved_at = resolve_settings("a5", preset=preset, overrides=overrides["a5"])["solved_at"]
         fields["a5"] = {"lengths": lengths, "layers": layers, "solved_at": solved_at}
         depth_sets = [[n] for n in sorted(layers, reverse=True)] if parallel_depths else [layers]
         jobs += [("a5", a, {"length": k, "layers": d}) for k in sorted(lengths, reverse=True) for a in attentions
                  for d in depth_sets]
     if "mqrar" in tasks:
-        sw = {**sweep_profile("mqrar", profile), **dict((sweeps or {}).get("mqrar", {}))}
+        sw = {**sweep_preset("mqrar", preset), **dict((sweeps or {}).get("mqrar", {}))}
         n_backs = sw.get("n_back", [1, 2, 3, 4])
         fields["mqrar"] = {"n_back": n_backs}
         jobs += [("mqrar", a, {"n_back": n}) for n in n_backs for a in attentions]
@@ -147,7 +147,7 @@ def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
             results[task] = [c for c in results[task] if c not in same]
             rec = merge_chains(same + [rec])
         results[task].append(rec)
-        write_json(paths[task], _aggregate(task, profile, command, results[task], **fields[task]))
+        write_json(paths[task], _aggregate(task, preset, command, results[task], **fields[task]))
         if task == "a5":
             desc = f"A5 k={rec['length']}: min layers {rec['min_layers']} (tried {rec['layers_tried']})"
         else:
@@ -156,11 +156,11 @@ def run_suite(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
 
     if workers <= 1:
         for job in jobs:
-            finish(job, _job(job[0], job[1], profile, overrides[job[0]], job[2]))
+            finish(job, _job(job[0], job[1], preset, overrides[job[0]], job[2]))
     else:
         ctx = mp.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_job, j[0], j[1], profile, overrides[j[0]], j[2]): j for j in jobs}
+            futures = {pool.submit(_job, j[0], j[1], preset, overrides[j[0]], j[2]): j for j in jobs}
             for fut in cf.as_completed(futures):
                 job = futures[fut]
                 try:
@@ -182,16 +182,16 @@ def _short(summary: Mapping) -> str:
     return "; ".join(parts)
 
 
-def sweep_a5(*, profile: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS, lengths: Sequence[int] | None = None,
+def sweep_a5(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS, lengths: Sequence[int] | None = None,
              layers: Sequence[int] | None = None, out: str | Path, workers: int = 1,
              overrides: Mapping[str, Any] | None = None, command: str | None = None, log=print) -> Path:
-    """The A5 depth sweep alone, written to ``out``; ``lengths``/``layers`` default to the profile's sweep section."""
+    """The A5 depth sweep alone, written to ``out``; ``lengths``/``layers`` default to the preset's sweep section."""
     sweep = {}
     if lengths:
         sweep["lengths"] = [int(k) for k in lengths]
     if layers:
         sweep["layers"] = [int(n) for n in layers]
-    paths = run_suite(profile=profile, attentions=attentions, tasks=("a5",), out_dir=Path(out).parent,
+    paths = run_suite(preset=preset, attentions=attentions, tasks=("a5",), out_dir=Path(out).parent,
                       workers=workers, overrides={"a5": dict(overrides or {})}, sweeps={"a5": sweep},
                       paths={"a5": Path(out)}, command=command, log=log)
     return paths["a5"]
