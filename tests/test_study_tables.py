@@ -106,3 +106,13 @@ def test_committed_docs_show_the_committed_results():
                 assert tables.fill(text, study) == text, f"{path.name}: run `pathlab study table {name} --write`"
                 checked += 1
     assert checked >= 2  # the README and the owt16-debian ledger carry tables
+
+
+def test_cli_prints_tables_and_refuses_an_unknown_group(capsys):
+    from pathlab.cli import main
+
+    assert main(["study", "table", "owt16-debian", "window-sweep"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("window-sweep:\n| cell | r(2K)") and "| rot_window_qk_W256 | " in out
+    assert main(["study", "table", "owt16-debian", "bogus"]) == 2
+    assert "no cells in group 'bogus'" in capsys.readouterr().err
