@@ -123,16 +123,48 @@ def test_far_score_stationarity_can_fail(cells):
     assert summaries.score_summary(bad)[1]["rope_far_scores_stationary_beyond_training"] is False
 
 
-def test_kappa_claim_separates_qkv_from_qk(cells):
-    fake = copy.deepcopy(cells)
-    for c in ("rot_random_qk", "rot_random_qkv"):
-        s = fake[c]["record"]["L256"]["sample"]
-        s["W"][:] = 4.0
-        s["m_eff"][:] = 900.0  # √(1 + 2W)/√M_eff = 0.1
-        s["kappa"][:] = 0.1 if c.endswith("qkv") else 1.0
-    _, claims, _ = summaries.coherence_summary(fake)
+def _kappa_cells(cells, kappa_qkv, kappa_qk):
+    """The two rotation cells at four lengths whose incoherent prediction √(1 + 2W)/√M_eff halves at each
+    length (1, 1/2, 1/4, 1/8), with κ set per length by ``kappa_qkv(pred)`` and ``kappa_qk(pred)``."""
+    fake = {c: copy.deepcopy(cells[c]) for c in ("rot_random_qk", "rot_random_qkv")}
+    lengths = [256, 512, 1024, 2048]
+    for c, kappa in (("rot_random_qk", kappa_qk), ("rot_random_qkv", kappa_qkv)):
+        rec = fake[c]["record"]
+        template = rec["L256"]
+        for i, L in enumerate(lengths):
+            e = copy.deepcopy(template)
+            pred = 0.5 ** i
+            e["sample"]["W"][:] = 4.0
+            e["sample"]["m_eff"][:] = 9.0 / pred ** 2
+            e["sample"]["kappa"][:] = kappa(pred)
+            e["far_near_ratio_median"] = np.full_like(np.asarray(e["far_near_ratio_median"], float), 1.0 + i)
+            rec[f"L{L}"] = e
+        rec["lengths"] = lengths
+    return fake
+
+
+def test_kappa_claims_follow_the_numbers_and_need_a_rejected_control(cells):
+    claims = summaries.coherence_summary(_kappa_cells(cells, lambda p: p, lambda p: 1.0))[1]
     assert claims["rot_random_qkv_kappa_matches_incoherent_prediction"] is True
-    assert claims["rot_random_qk_kappa_matches_incoherent_prediction"] is False
+    assert claims["rot_random_qkv_kappa_falls_as_predicted"] is True
+    assert not any(k.startswith("rot_random_qk_kappa") for k in claims)  # the control gets no claim of its own
+
+    plateau = summaries.coherence_summary(_kappa_cells(cells, lambda p: 0.12, lambda p: 1.0))[1]
+    assert plateau["rot_random_qkv_kappa_matches_incoherent_prediction"] is True  # 0.12 / 0.125 at the longest
+    assert plateau["rot_random_qkv_kappa_falls_as_predicted"] is False  # but κ stopped falling
+
+    far = summaries.coherence_summary(_kappa_cells(cells, lambda p: 10 * p, lambda p: 1.0))[1]
+    assert far["rot_random_qkv_kappa_matches_incoherent_prediction"] is False
+    assert far["rot_random_qkv_kappa_falls_as_predicted"] is True
+
+    # a control that passes the same test makes the test say nothing: None, not True
+    data, blind, _ = summaries.coherence_summary(_kappa_cells(cells, lambda p: p, lambda p: 2 * p))
+    assert blind["rot_random_qkv_kappa_matches_incoherent_prediction"] is None
+    assert blind["rot_random_qkv_kappa_falls_as_predicted"] is None
+    assert data["controls_rejected"] == {"kappa_matches_incoherent_prediction": False,
+                                         "kappa_falls_as_predicted": False}
+    alone = {"rot_random_qkv": _kappa_cells(cells, lambda p: p, lambda p: 1.0)["rot_random_qkv"]}
+    assert summaries.coherence_summary(alone)[1]["rot_random_qkv_kappa_falls_as_predicted"] is None
 
 
 def test_rho_s_vanishing_can_fail(cells):

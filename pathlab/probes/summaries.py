@@ -259,19 +259,24 @@ def score_summary(cells: dict, width=None, tolerance: float = 0.25) -> tuple[dic
 # M6: value-side incoherence
 
 
-def coherence_summary(cells: dict, factor: float = 3.0) -> tuple[dict, dict, dict]:
+def coherence_summary(cells: dict, factor: float = 3.0, slope_range=(0.5, 2.0)) -> tuple[dict, dict, dict]:
     """M6: κ (the far background's coherence ratio, per-head width) against the incoherent prediction
     √(1 + 2W)/√M_eff, and ‖o_F‖/‖o_N‖ against L.
 
-    Claim, per cell: ``<c>_kappa_matches_incoherent_prediction``: the median over sampled queries of
-    κ / (√(1 + 2W)/√M_eff) lies within a ``factor`` of 1 at the longest length. Rotating values predicts it;
-    Q/K-only models keep κ = 1, far above the prediction once M_eff ≫ W (their negative control).
-    ``qkv_far_output_grows_slower``: ‖o_F‖/‖o_N‖ grows less from the first length with far keys to the last for
-    the Q/K/V cells than for the Q/K cells (medians over each group). Check: ``<c>_kappa_is_one`` for every Q/K
-    cell (values are not transported: κ = 1 by construction).
+    Rotating values predicts κ ≈ √(1 + 2W)/√M_eff; Q/K-only models keep κ = 1 (values are not transported), so
+    they are the negative control of every claim below: a claim is None unless the same criterion rejects every
+    Q/K cell of the figure (and None without one), since a test the control also passes shows nothing.
+
+    Claims, per value-rotating cell: ``<c>_kappa_matches_incoherent_prediction``: the median over sampled queries
+    of κ / prediction lies within a ``factor`` of 1 at the longest length. ``<c>_kappa_falls_as_predicted``: the
+    least-squares slope of log median κ on log median prediction, over the lengths with far keys (at least
+    three), lies in ``slope_range`` (1 is the prediction's own scaling, κ ∝ 1/√M_eff; a κ that stops falling
+    gives a slope near 0, as the Q/K control does). ``qkv_far_output_grows_slower``: ‖o_F‖/‖o_N‖ grows less from
+    the first length with far keys to the last for the Q/K/V cells than for the Q/K cells (medians over each
+    group). Check: ``<c>_kappa_is_one`` for every Q/K cell (κ = 1 by construction).
     """
-    data, claims, checks = {"cells": {}}, {}, {}
-    growth = {}
+    data, checks = {"cells": {}}, {}
+    growth, at_longest, slope = {}, {}, {}
     for c, entry in cells.items():
         rec = entry["record"]
         rows = {"lengths": rec["lengths"], "far_near_ratio": [], "kappa_median": [], "predicted_median": []}
@@ -285,17 +290,35 @@ def coherence_summary(cells: dict, factor: float = 3.0) -> tuple[dict, dict, dic
             rows["predicted_median"].append(float(np.median(pred[ok])) if ok.any() else math.nan)
             if L == rec["lengths"][-1]:
                 rows["kappa"], rows["predicted"] = (s["kappa"][ok], pred[ok]) if ok.any() else ([], [])
-                ratio = s["kappa"][ok] / pred[ok] if ok.any() else np.array([])
-                claims[f"{c}_kappa_matches_incoherent_prediction"] = (
-                    bool(1 / factor <= np.median(ratio) <= factor) if ratio.size else None)
+                at_longest[c] = float(np.median(s["kappa"][ok] / pred[ok])) if ok.any() else math.nan
                 if not rotates_values(entry) and ok.any():
                     checks[f"{c}_kappa_is_one"] = bool(np.allclose(s["kappa"][ok], 1.0, atol=1e-4))
-        data["cells"][c] = rows
         r = np.asarray(rows["far_near_ratio"], np.float64)
+        k, p = np.asarray(rows["kappa_median"]), np.asarray(rows["predicted_median"])
+        use = np.isfinite(r) & (r > 0) & np.isfinite(k) & (k > 0) & np.isfinite(p) & (p > 0)
+        slope[c] = (float(np.polyfit(np.log(p[use]), np.log(k[use]), 1)[0])
+                    if use.sum() >= 3 and np.ptp(np.log(p[use])) > 0 else math.nan)
+        rows["kappa_over_prediction_at_longest"], rows["kappa_slope"] = at_longest[c], slope[c]
+        data["cells"][c] = rows
         first = np.nonzero(np.isfinite(r) & (r > 0))[0]
         growth[c] = r[-1] / r[first[0]] if first.size >= 1 and first[0] < len(r) - 1 else math.nan
+
+    def passes(test, value):
+        return None if not math.isfinite(value) else bool(test(value))
+
+    tests = {"kappa_matches_incoherent_prediction": (at_longest, lambda v: 1 / factor <= v <= factor),
+             "kappa_falls_as_predicted": (slope, lambda v: slope_range[0] <= v <= slope_range[1])}
+    controls = [c for c in cells if not rotates_values(cells[c])]
+    claims, data["controls_rejected"] = {}, {}
+    for name, (values, test) in tests.items():
+        verdicts = [passes(test, values[c]) for c in controls]
+        rejected = bool(verdicts) and all(v is False for v in verdicts)
+        data["controls_rejected"][name] = rejected
+        for c in cells:
+            if rotates_values(cells[c]):
+                claims[f"{c}_{name}"] = passes(test, values[c]) if rejected else None
     qkv = [growth[c] for c in cells if rotates_values(cells[c]) and math.isfinite(growth[c])]
-    qk = [growth[c] for c in cells if not rotates_values(cells[c]) and math.isfinite(growth[c])]
+    qk = [growth[c] for c in controls if math.isfinite(growth[c])]
     data["far_output_growth"] = growth
     claims["qkv_far_output_grows_slower"] = bool(np.median(qkv) < np.median(qk)) if qkv and qk else None
     return data, claims, checks
