@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import pathlab
-from pathlab.training.evaluate import (bootstrap_ratio, evaluate, evaluate_model, ntk_base, position_buckets, rope_base,
-                              token_losses, train_context_losses, window_starts)
+from pathlab.intervals import bootstrap_ratio
+from pathlab.training.evaluate import (evaluate, evaluate_model, ntk_base, position_buckets, rope_base,
+                                       token_losses, train_context_losses, window_starts)
 from pathlab.training.trainer import load_run, train
 
 from test_train import corpus, tiny_config  # noqa: F401  (the module-scoped synthetic corpus fixture)

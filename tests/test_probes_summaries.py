@@ -189,6 +189,10 @@ def test_extrapolation_claims_follow_the_numbers(cells):
     fake["rope"]["eval"] = _eval({64: 1.0, 8192: 1.5})
     _, claims, _ = summaries.extrapolation_summary(fake)
     assert claims["qkv_flatter_than_qk"] is False and claims["rope_degrades_beyond_training"] is False
+    fake["rope"]["eval"] = _eval({64: 1.0, 8192: 2.05})  # the interval [1.95, 2.15] straddles 2
+    fake["rot_random_qkv"]["eval"] = _eval({64: 1.0, 8192: 7.2})  # overlaps Q/K's [6.65, 7.35]
+    _, claims, _ = summaries.extrapolation_summary(fake)
+    assert claims["rope_degrades_beyond_training"] is None and claims["qkv_flatter_than_qk"] is None
 
 
 def _sweep(ratios: dict, qk: dict | None = None) -> dict:
@@ -219,6 +223,45 @@ def test_window_sweep_pairs_qkv_with_qk_at_each_window():
     assert claim({16: 1.1, 256: 5.3}, {16: 1.5, 256: 2.7}) is False  # one window against the prediction
     assert claim({16: 1.1}, {256: 2.7}) is None  # no window in both groups
     assert claim({16: 1.1}, {}) is None
+    assert claim({16: 1.5}, {16: 1.52}) is None  # overlapping intervals (±5%) decide nothing
+    assert claim({16: 1.1, 256: 2.6}, {16: 1.5, 256: 2.7}) is None  # one decided, one open
+
+
+def test_window_sweep_claims_compare_intervals_not_point_estimates():
+    def claims(ratios):
+        return summaries.window_sweep_summary(_sweep(ratios), lengths=(1024,))[1]
+
+    # W = 16 and W = 256 (L_train = 64) overlap: the point estimates order them, the intervals do not
+    assert claims({16: 5.0, 256: 5.2, "rope": 9.0})["qkv_windows_below_training_length_extrapolate_better"] is None
+    # a dip within the intervals is no fall: the rise from W = 16 to RoPE is decided
+    assert claims({16: 2.0, 32: 1.95, 256: 5.0, "rope": 9.0})["qkv_ratio_rises_with_window"] is True
+    assert claims({16: 2.0, 32: 2.05, 256: 2.1, "rope": 2.0})["qkv_ratio_rises_with_window"] is None
+    assert claims({16: 2.0, 32: 1.5, 256: 5.0, "rope": 9.0})["qkv_ratio_rises_with_window"] is False
+
+
+def _windowed_eval(d: np.ndarray) -> dict:
+    """An eval.json at L = 1024 whose 32 windows have loss − loss at the training context = d."""
+    from pathlab.intervals import bootstrap_ratio
+
+    row = {"window_loss": list(3.0 + d), "window_loss_train_context": [3.0] * d.size,
+           "window_starts": list(range(d.size)), "ratio": float(np.exp(d.mean())),
+           "ratio_ci95": list(bootstrap_ratio(3.0 + d, np.full_like(d, 3.0))), "loss": 3.0 + float(d.mean()),
+           "loss_train_context": 3.0, "n_windows": d.size, "buckets": [{"start": 0, "stop": 1, "loss": 3.0,
+                                                                        "loss_train_context": 3.0}]}
+    base = {**row, "ratio": 1.0, "ratio_ci95": [1.0, 1.0], "window_loss": [3.0] * d.size, "loss": 3.0}
+    return {"train_length": L_TRAIN, "lengths": {"64": base, "1024": row}}
+
+
+def test_window_sweep_pairs_cells_on_their_shared_windows():
+    text = np.random.default_rng().normal(1.0, 0.5, 32)  # the windows' difficulty, shared by every cell
+    cells = {"rope": {"cell": {"attention": "rope"}, "eval": _windowed_eval(text + 2.0)}}
+    for attention, shift in (("rot_random_qkv", 0.15), ("rot_random_qk", 0.0)):
+        cells[f"{attention}_W16"] = {"cell": {"attention": attention, "attention_kwargs": {"window": 16}},
+                                     "eval": _windowed_eval(text + shift)}
+    data, claims, _ = summaries.window_sweep_summary(cells, lengths=(1024,))
+    qkv, qk = data["groups"]["qkv"][0]["r1024_ci"], data["groups"]["qk"][0]["r1024_ci"]
+    assert qkv[0] < qk[1]  # the marginal intervals overlap ...
+    assert claims["qkv_flatter_than_qk_at_equal_window"] is False  # ... the paired one decides
 
 
 def test_markdown_table_lists_cells_and_published_numbers(cells):

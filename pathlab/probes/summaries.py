@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from pathlab.attention.registry import attention_settings
+from pathlab.intervals import compare, order, paired_ratio_interval, verdict
 from pathlab.probes.records import length_entry
 
 
@@ -412,26 +413,36 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
 
     Claims: ``rope_degrades_beyond_training`` (r(8K) > 2); ``alibi_stays_flat`` (r at the longest L < 1.2);
     ``accumulated_rotations_beat_rope`` and ``qkv_flatter_than_qk`` (random rotations, at the longest L);
-    ``path_flatter_than_rope``; ``path_fox_no_worse_than_path``.
+    ``path_flatter_than_rope``; ``path_fox_no_worse_than_path`` (False only when PaTH-FoX is decidedly worse).
+    Each is decided by an interval, not by a point estimate (:mod:`pathlab.intervals`): a threshold by the
+    cell's 95% bootstrap interval, a pair of cells by the paired interval of their ratio on the same windows;
+    None while the interval leaves it open.
     """
     from pathlab.probes.published import PUBLISHED
 
     rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
     data = {"cells": rows, "published": [{"model": m, "L": L, "L_train": Lt, "ratio": r} for m, L, Lt, r in PUBLISHED],
             "in_distribution_loss": {c: r["loss"][0] for c, r in rows.items()}}
-    last = {c: r["ratio"][-1] for c, r in rows.items()}
     claims = {}
-    if "rope" in rows and _ratio_at(rows["rope"], 8192) is not None:
-        claims["rope_degrades_beyond_training"] = bool(_ratio_at(rows["rope"], 8192) > 2.0)
-    if "alibi" in last:
-        claims["alibi_stays_flat"] = bool(last["alibi"] < 1.2)
+    if "rope" in rows and "8192" in cells["rope"]["eval"]["lengths"]:
+        ci = cells["rope"]["eval"]["lengths"]["8192"]["ratio_ci95"]
+        claims["rope_degrades_beyond_training"] = verdict([order((2.0, 2.0), ci)], -1)
+    if "alibi" in rows:
+        claims["alibi_stays_flat"] = verdict([order(longest_row(cells["alibi"]["eval"])["ratio_ci95"], (1.2, 1.2))], -1)
     pairs = {"accumulated_rotations_beat_rope": ("rot_random_qk", "rope"),
              "qkv_flatter_than_qk": ("rot_random_qkv", "rot_random_qk"),
              "path_flatter_than_rope": ("path", "rope"), "path_fox_no_worse_than_path": ("path_fox", "path")}
     for name, (a, b) in pairs.items():
-        if a in last and b in last:
-            claims[name] = bool(last[a] <= last[b]) if name.endswith("than_path") else bool(last[a] < last[b])
+        if a in cells and b in cells:
+            L = min(rows[a]["lengths"][-1], rows[b]["lengths"][-1])
+            o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
+            claims[name] = o != 1 if name.endswith("than_path") else verdict([o], -1)
     return data, claims, {}
+
+
+def longest_row(ev: dict, scaling: str = "lengths") -> dict:
+    """The eval.json row of the longest evaluated length."""
+    return ev[scaling][str(max(int(L) for L in ev[scaling]))]
 
 
 def window_of(entry) -> float:
@@ -446,15 +457,30 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     """The theory's direct test: r(L) and the in-distribution loss against the mixing window W of the rotations
     (θ = ω_b + σ N(0, 1), every block mixing within W), for Q/K/V and Q/K, with RoPE as W = ∞.
 
+    Every claim compares r at the longest length by the paired interval of two cells' ratio on the same
+    windows (:mod:`pathlab.intervals`), not by point estimates: a comparison is decided when the interval
+    excludes 1, and a claim is None when an undecided comparison leaves it open (one training seed per cell, so
+    the intervals are over evaluation windows only).
     Claims, per group (``qkv``, ``qk``): ``<g>_windows_below_training_length_extrapolate_better``: every cell
-    with W < L_train has a lower r at the longest length than every cell with W ≥ L_train (RoPE included): the
-    prediction "extrapolation iff the window is below the training length". ``<g>_ratio_rises_with_window``: r
-    at the longest length is non-decreasing in W. None when a group lacks cells on either side.
-    ``qkv_flatter_than_qk_at_equal_window``: at every finite W that both groups have, Q/K/V's r at the longest
-    length is below Q/K's (value-side incoherence, SPEC M6/M7); None without such a pair.
+    with W < L_train has a lower r than every cell with W ≥ L_train (RoPE included), the prediction
+    "extrapolation iff the window is below the training length". ``<g>_ratio_rises_with_window``: r at the
+    largest W is above r at the smallest, and no step to a larger W lowers it. None when a group lacks cells on
+    either side (at least three cells for the rise). ``qkv_flatter_than_qk_at_equal_window``: at every finite W
+    that both groups have, Q/K/V's r is below Q/K's (value-side incoherence, SPEC M6/M7).
+    Data: per group the points, and ``steps`` (r of each cell over the previous one's, with its paired interval);
+    ``qkv_over_qk`` (r of Q/K/V over Q/K at each W both have, with its paired interval; None where the cells were
+    scored on different windows).
     """
     data, claims = {"groups": {}, "lengths": list(lengths)}, {}
     rope = cells.get("rope")
+    L_key = lengths[-1]
+
+    def row(p):
+        return cells[p["cell"]]["eval"]["lengths"][str(L_key)]
+
+    def cmp(p, q):
+        return compare(row(p), row(q), seed=L_key)
+
     for group in ("qkv", "qk"):
         members = {c: e for c, e in cells.items() if window_of(e) is not None and
                    (e["cell"]["attention"] == "rope" or rotates_values(e) == (group == "qkv"))}
@@ -471,20 +497,28 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
             pts = []
         data["groups"][group] = pts
         L_train = (rope or next(iter(cells.values())))["eval"]["train_length"]
-        key = f"r{lengths[-1]}"
-        below = [p[key] for p in pts if p["W"] < L_train and p[key] is not None]
-        above = [p[key] for p in pts if p["W"] >= L_train and p[key] is not None]
-        claims[f"{group}_windows_below_training_length_extrapolate_better"] = (
-            bool(max(below) < min(above)) if below and above else None)
-        rs = [p[key] for p in pts if p[key] is not None]
-        claims[f"{group}_ratio_rises_with_window"] = bool(np.all(np.diff(rs) >= 0)) if len(rs) >= 3 else None
         data["train_length"] = L_train
-    key = f"r{lengths[-1]}"
-    at = {g: {p["W"]: p[key] for p in pts if not math.isinf(p["W"]) and p[key] is not None}
+        have = [p for p in pts if p[f"r{L_key}"] is not None]
+        below = [p for p in have if p["W"] < L_train]
+        above = [p for p in have if p["W"] >= L_train]
+        claims[f"{group}_windows_below_training_length_extrapolate_better"] = (
+            verdict([cmp(b, a) for b in below for a in above], -1) if below and above else None)
+        data.setdefault("steps", {})[group] = [
+            {"from": p["cell"], "to": q["cell"], "ratio": row(q)["ratio"] / row(p)["ratio"],
+             "paired_ci95": paired_ratio_interval(row(q), row(p), seed=L_key)} for p, q in zip(have, have[1:])]
+        if len(have) >= 3:
+            falls = any(cmp(p, q) == 1 for p, q in zip(have, have[1:]))
+            claims[f"{group}_ratio_rises_with_window"] = False if falls else verdict([cmp(have[0], have[-1])], -1)
+        else:
+            claims[f"{group}_ratio_rises_with_window"] = None
+    at = {g: {p["W"]: p for p in pts if not math.isinf(p["W"]) and p[f"r{L_key}"] is not None}
           for g, pts in data["groups"].items()}
     common = sorted(set(at["qkv"]) & set(at["qk"]))
+    data["qkv_over_qk"] = [{"W": W, "ratio": row(at["qkv"][W])["ratio"] / row(at["qk"][W])["ratio"],
+                            "paired_ci95": paired_ratio_interval(row(at["qkv"][W]), row(at["qk"][W]), seed=L_key)}
+                           for W in common]
     claims["qkv_flatter_than_qk_at_equal_window"] = (
-        bool(all(at["qkv"][W] < at["qk"][W] for W in common)) if common else None)
+        verdict([cmp(at["qkv"][W], at["qk"][W]) for W in common], -1) if common else None)
     return data, claims, {}
 
 
@@ -492,10 +526,11 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
     """M8: (a) the dispersion sweep τ (RoPE = τ 0), (b) far-mass control (PaTH vs PaTH-FoX, random rotations
     with and without a FoX gate), (c) NTK-scaled RoPE at evaluation.
 
-    Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L decreasing in τ);
-    ``forget_gate_improves_extrapolation`` (PaTH-FoX ≤ PaTH); ``gate_improves_rotations``
-    (rot_random_qk_fox < rot_random_qk); ``forget_gate_limits_far_mass_growth`` (PaTH-FoX's far mass rises less
-    than PaTH's, per-head width); ``ntk_scaling_helps_rope``.
+    Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L lower at the largest τ than at τ 0,
+    and no step up in τ raising it); ``forget_gate_improves_extrapolation`` (PaTH-FoX below PaTH);
+    ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
+    (PaTH-FoX's far mass rises less than PaTH's, per-head width); ``ntk_scaling_helps_rope``. The comparisons of
+    r are decided by paired intervals (:mod:`pathlab.intervals`) and None while undecided.
     """
     data, claims = {}, {}
     rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
@@ -514,13 +549,16 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
     sweep.sort(key=lambda s: s["tau"])
     data["dispersion_sweep"] = sweep
     if len(sweep) >= 2:
-        claims["extrapolation_improves_with_dispersion"] = bool(np.all(np.diff([s["ratio_longest"] for s in sweep]) < 0))
+        last = [longest_row(cells[s["cell"]]["eval"]) for s in sweep]
+        steps = [compare(b, a) for a, b in zip(last, last[1:])]
+        claims["extrapolation_improves_with_dispersion"] = (
+            False if any(o == 1 for o in steps) else verdict([compare(last[-1], last[0])], -1))
     control = {}
     for a, b, name in (("path", "path_fox", "forget_gate_improves_extrapolation"),
                        ("rot_random_qk", "rot_random_qk_fox", "gate_improves_rotations")):
         if a in rows and b in rows:
             control[a], control[b] = rows[a], rows[b]
-            claims[name] = bool(rows[b]["ratio"][-1] <= rows[a]["ratio"][-1])
+            claims[name] = verdict([compare(longest_row(cells[b]["eval"]), longest_row(cells[a]["eval"]))], -1)
     data["far_mass_control"] = control
     if {"path", "path_fox"} <= set(cells):
         fm, _, _ = far_mass_summary({c: cells[c] for c in ("path", "path_fox")})
@@ -530,7 +568,8 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
                                                             <= rho["path"][-1] - rho["path"][0])
     if "rope" in cells and "ntk" in cells["rope"]["eval"]:
         data["ntk"] = {"rope": rows["rope"], "rope+ntk": length_rows(cells["rope"]["eval"], "ntk")}
-        claims["ntk_scaling_helps_rope"] = bool(data["ntk"]["rope+ntk"]["ratio"][-1] < rows["rope"]["ratio"][-1])
+        ev = cells["rope"]["eval"]
+        claims["ntk_scaling_helps_rope"] = verdict([compare(longest_row(ev, "ntk"), longest_row(ev))], -1)
     return data, claims, {}
 
 

@@ -45,9 +45,9 @@ from pathlab.attention.registry import attention_class
 from pathlab.attention.rope import RoPE
 from pathlab.data.corpus import check_corpus, corpus_meta, load_tokens
 from pathlab.data.tokens import atomic_write_json
+from pathlab.intervals import bootstrap_ratio
 from pathlab.training.trainer import load_run
 
-BOOTSTRAP_SAMPLES = 2000
 PROTOCOL = ("non-overlapping windows of L + 1 validation tokens chosen with seed + L; the same targets scored with "
             "the whole window and with the context cut every training length; r = exp(loss - loss_train)")
 
@@ -127,18 +127,6 @@ def train_context_losses(model, windows: torch.Tensor, train_length: int, **kwar
     chunks = torch.stack([windows[:, c:c + train_length + 1] for c in range(0, L, train_length)], dim=1)
     losses = token_losses(model, chunks.reshape(-1, train_length + 1), **kwargs)  # [n · L/L_train, L_train]
     return losses.reshape(n, L)
-
-
-def bootstrap_ratio(window_loss: np.ndarray, window_loss_train: np.ndarray, *, samples: int = BOOTSTRAP_SAMPLES,
-                    seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of r = exp(mean(loss) − mean(loss_train)) with windows resampled with replacement."""
-    a, b = np.asarray(window_loss, np.float64), np.asarray(window_loss_train, np.float64)
-    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"window losses must be two equal 1-d arrays, got {a.shape} and {b.shape}")
-    pick = np.random.default_rng(seed).integers(0, a.size, size=(samples, a.size))
-    r = np.exp(a[pick].mean(1) - b[pick].mean(1))
-    tail = 50 * (1 - level)
-    return float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))
 
 
 def ntk_base(base: float, scale: float, head_dim: int) -> float:

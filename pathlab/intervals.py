@@ -1,0 +1,61 @@
+"""Bootstrap intervals of perplexity ratios, and comparisons that are decided only when the interval says so.
+
+Every cell of a study is evaluated on the same validation windows (``pathlab.training.evaluate``), so two cells
+are compared *paired*: the windows are resampled together and the interval is that of r_a(L) / r_b(L), which
+removes the variation of the text that both share. A comparison is decided (−1 or +1) when that interval
+excludes 1, and undecided (0) otherwise; cells scored on different windows fall back to their two marginal
+intervals, decided only when those are disjoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BOOTSTRAP_SAMPLES = 2000
+
+
+def bootstrap_ratio(window_loss: np.ndarray, window_loss_train: np.ndarray, *, samples: int = BOOTSTRAP_SAMPLES,
+                    seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of r = exp(mean(loss) − mean(loss_train)) with windows resampled with replacement."""
+    a, b = np.asarray(window_loss, np.float64), np.asarray(window_loss_train, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"window losses must be two equal 1-d arrays, got {a.shape} and {b.shape}")
+    pick = np.random.default_rng(seed).integers(0, a.size, size=(samples, a.size))
+    r = np.exp(a[pick].mean(1) - b[pick].mean(1))
+    tail = 50 * (1 - level)
+    return float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))
+
+
+def order(a, b) -> int:
+    """−1 when interval a lies wholly below interval b, +1 when wholly above, 0 when they overlap."""
+    return -1 if a[1] < b[0] else (1 if a[0] > b[1] else 0)
+
+
+def paired_ratio_interval(row_a: dict, row_b: dict, *, seed: int = 0) -> tuple[float, float] | None:
+    """95% interval of r_a / r_b for two eval.json rows of one length (``window_loss``,
+    ``window_loss_train_context``, ``window_starts``): r_a / r_b = exp(mean(d_a) − mean(d_b)) with
+    d = loss − loss at the training context per window, the windows resampled together. None when the rows were
+    not scored on the same windows."""
+    starts = row_a.get("window_starts")
+    if starts is None or starts != row_b.get("window_starts") or "window_loss" not in row_a or "window_loss" not in row_b:
+        return None
+    d_a = np.subtract(row_a["window_loss"], row_a["window_loss_train_context"])
+    d_b = np.subtract(row_b["window_loss"], row_b["window_loss_train_context"])
+    return bootstrap_ratio(d_a, d_b, seed=seed)
+
+
+def compare(row_a: dict, row_b: dict, *, seed: int = 0) -> int:
+    """−1 when r_a is decidedly below r_b, +1 when decidedly above, 0 when undecided (module docstring)."""
+    paired = paired_ratio_interval(row_a, row_b, seed=seed)
+    if paired is not None:
+        return order(paired, (1.0, 1.0))
+    return order(row_a["ratio_ci95"], row_b["ratio_ci95"])
+
+
+def verdict(orders, want: int) -> bool | None:
+    """True when every comparison is decided the wanted way, False when any is decided the other way, None when
+    an overlap leaves it open (or there is nothing to compare)."""
+    orders = list(orders)
+    if any(o == -want for o in orders):
+        return False
+    return True if orders and all(o == want for o in orders) else None
