@@ -54,13 +54,14 @@ def _fmt(row):
 def test_tables_read_every_number_from_the_cell_files(tmp_path):
     rng = np.random.default_rng()
     study, written = _study(tmp_path, rng)
-    cells = tables.render(study, "cells").splitlines()
+    results = tables.load_results(study, tmp_path / "results")
+    cells = tables.render(study, "cells", results).splitlines()
     assert [line.split(" | ")[0] for line in cells[2:]] == ["| rope", "| w16"]  # alibi has no results: no row
     cell, ev = written["w16"]
     assert cells[3] == (f"| w16 | 50.0M | 1526 | {ev['lengths']['512']['loss']:.3f} | {_fmt(ev['lengths']['8192'])} | "
                         f"{_fmt(ev['lengths']['65536'])} | 200 / 54 / 33 | {cell['git_revision'][:7]} |")
 
-    head = tables.render(study, "headline").splitlines()
+    head = tables.render(study, "headline", results).splitlines()
     assert head[0].startswith("| cell | r(2K) | r(8K) | r(32K) | r(65K) |") and head[0].endswith("published |")
     cell, ev = written["rope"]
     assert head[2].split(" | ")[1:5] == [_fmt(ev["lengths"][str(L)]) for L in (2048, 8192, 32768, 65536)]
@@ -69,29 +70,30 @@ def test_tables_read_every_number_from_the_cell_files(tmp_path):
     assert head[4] == "| alibi | not yet run | | | | | | r(65K) = 0.96 |"
     assert all(line.count("|") == head[0].count("|") for line in head)
 
-    sweep = tables.render(study, "sweep").splitlines()
+    sweep = tables.render(study, "sweep", results).splitlines()
     assert "published" not in sweep[0] and "NTK" not in "\n".join(sweep) and len(sweep) == 3
 
 
 def test_an_unknown_group_is_an_error_naming_the_groups(tmp_path):
     study, _ = _study(tmp_path, np.random.default_rng())
     with pytest.raises(ValueError, match="no cells in group 'bogus'; its groups: headline, sweep"):
-        tables.render(study, "bogus")
+        tables.render(study, "bogus", tables.load_results(study, tmp_path / "results"))
 
 
 def test_fill_replaces_only_this_studys_blocks_and_is_idempotent(tmp_path):
     study, _ = _study(tmp_path, np.random.default_rng())
+    results = tables.load_results(study, tmp_path / "results")
     other = "<!-- table: pathlab study table other cells -->\nstale\n<!-- end of table -->"
     doc = ("intro\n<!-- table: pathlab study table unit sweep -->\nstale\n<!-- end of table -->\nmiddle\n"
            f"{other}\nend\n")
-    filled = tables.fill(doc, study)
+    filled = tables.fill(doc, study, results)
     assert "stale\n<!-- end of table -->\nmiddle" not in filled and other in filled
     assert filled.startswith("intro\n") and filled.endswith("\nend\n") and "| w16 |" in filled
-    assert tables.fill(filled, study) == filled
+    assert tables.fill(filled, study, results) == filled
     path = tmp_path / "doc.md"
     path.write_text(doc)
-    assert tables.write_tables(study, [path, tmp_path / "absent.md"]) == [path]
-    assert path.read_text() == filled and tables.write_tables(study, [path]) == []
+    assert tables.write_tables(study, results, [path, tmp_path / "absent.md"]) == [path]
+    assert path.read_text() == filled and tables.write_tables(study, results, [path]) == []
 
 
 def test_committed_docs_show_the_committed_results():
@@ -103,7 +105,8 @@ def test_committed_docs_show_the_committed_results():
         for path in (ROOT / "README.md", studies.results_dir(study) / "README.md"):
             if path.is_file() and f"pathlab study table {name} " in path.read_text():
                 text = path.read_text()
-                assert tables.fill(text, study) == text, f"{path.name}: run `pathlab study table {name} --write`"
+                results = tables.load_results(study, studies.results_dir(study))
+                assert tables.fill(text, study, results) == text, f"{path.name}: run `pathlab study table {name} --write`"
                 checked += 1
     assert checked >= 2  # the README and the owt16-debian ledger carry tables
 

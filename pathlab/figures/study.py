@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from pathlab.atomic import atomic_write_bytes
+from pathlab.figures import study_tables
 from pathlab.training.config import repo_root, resolve_config
 
 CELL_KEYS = {"attention", "attention_kwargs", "overrides", "tokens", "group", "note"}
@@ -425,16 +426,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(study: dict, tables, write: bool) -> int:
-    from pathlab.figures import study_tables
-
+    results = study_tables.load_results(study, results_dir(study))
     if write:
         root = repo_root() or Path.cwd()
-        for path in study_tables.write_tables(study, [root / "README.md", results_dir(study) / "README.md"]):
+        for path in study_tables.write_tables(study, results, [root / "README.md", results_dir(study) / "README.md"]):
             print(f"updated {path}")
         return 0
     groups = list(dict.fromkeys(spec.get("group") for spec in study["cells"].values() if spec.get("group")))
     for name in tables or ["cells", *groups]:
-        print(f"{name}:\n{study_tables.render(study, name)}\n")
+        print(f"{name}:\n{study_tables.render(study, name, results)}\n")
     return 0
 
 

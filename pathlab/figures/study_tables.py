@@ -19,6 +19,9 @@ import json
 import re
 from pathlib import Path
 
+from pathlab.atomic import atomic_write_text
+from pathlab.probes.published import PUBLISHED
+
 END = "<!-- end of table -->"
 LENGTHS = (2048, 8192, 32768, 65536)
 
@@ -73,8 +76,6 @@ def cells_table(study: dict, results: dict) -> str:
 
 
 def _published(attention: str) -> str:
-    from pathlab.probes.published import PUBLISHED
-
     found = [f"r({_k(L)}) = {r}" for model, L, _, r in PUBLISHED if model == attention]
     return ", ".join(found) or "—"
 
@@ -107,23 +108,20 @@ def group_table(study: dict, results: dict, group: str) -> str:
     return "\n".join(rows)
 
 
-def load_results(study: dict) -> dict:
-    from pathlab.figures.study import cell_results_dir
-
-    found = {c: read_cell(cell_results_dir(study, c)) for c in study["cells"]}
+def load_results(study: dict, folder: Path) -> dict:
+    """``{cell: {"cell": …, "eval": …}}`` for the study's cells that have results under ``folder``."""
+    found = {c: read_cell(Path(folder) / c) for c in study["cells"]}
     return {c: e for c, e in found.items() if e is not None}
 
 
-def render(study: dict, table: str, results: dict | None = None) -> str:
+def render(study: dict, table: str, results: dict) -> str:
     """One table by name: ``cells`` or a group of the study's cells."""
-    results = load_results(study) if results is None else results
     return cells_table(study, results) if table == "cells" else group_table(study, results, table)
 
 
-def fill(text: str, study: dict, results: dict | None = None) -> str:
+def fill(text: str, study: dict, results: dict) -> str:
     """``text`` with every block marked for this study replaced by its current table (other studies' blocks and
     everything outside the markers are left as they are)."""
-    results = load_results(study) if results is None else results
     pattern = re.compile(re.escape(_marker(study["name"], "@")).replace("@", r"(\S+)") + r"\n.*?" + re.escape(END),
                          re.S)
 
@@ -133,11 +131,9 @@ def fill(text: str, study: dict, results: dict | None = None) -> str:
     return pattern.sub(one, text)
 
 
-def write_tables(study: dict, paths) -> list[Path]:
+def write_tables(study: dict, results: dict, paths) -> list[Path]:
     """Rewrite the marked blocks in each of ``paths`` that has any; returns the files that changed."""
-    from pathlab.results import atomic_write_text
-
-    results, changed = load_results(study), []
+    changed = []
     for path in map(Path, paths):
         if not path.is_file():
             continue
