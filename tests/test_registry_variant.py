@@ -122,7 +122,7 @@ def test_new_variant_runs_in_the_task_runner_and_suite(toy):
     from pathlab.tasks.suite import _job
 
     small = {"steps": 2, "eval_every": 1, "n_eval": 16, "n_layer": 1}
-    rec = run_task("a5", toy, profile="tiny-cpu", overrides=small, progress=False)
+    rec = run_task("a5", toy, preset="tiny-cpu", overrides=small, progress=False)
     assert rec["steps"] == 2 and rec["path_backend"] is None and math.isfinite(rec["metrics"]["test"]["loss"])
     rec = _job("a5", NAME + "_flaky", "tiny-cpu", small, {"length": 3, "layers": [1]})  # retried on "plain"
     assert rec["runs"][0]["settings"]["attention_kwargs"] == {"backend": "plain"}
