@@ -1,9 +1,8 @@
-"""`pathlab study table`: the markdown tables of a study's results, on synthetic result folders, and the check
+"""`pathlab study table`: the markdown tables of a study's results, on synthetic results, and the check
 that the tables committed in the README and the study ledger are the ones the committed results give."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -29,41 +28,35 @@ def _eval(rng, lengths=(512, 2048, 8192, 32768, 65536), ntk=False):
     return ev
 
 
-def _study(tmp_path, rng):
-    study = {"name": "unit", "results_dir": str(tmp_path / "results"),
+def _study(rng):
+    """A study of three cells, two of them with results (``{cell: {"cell": …, "eval": …}}``)."""
+    study = {"name": "unit",
              "cells": {"rope": {"attention": "rope", "group": "headline"},
                        "alibi": {"attention": "alibi", "group": "headline"},
                        "w16": {"attention": "rot_random_qk", "group": "sweep"}}}
-    written = {}
+    results = {}
     for name, ntk in (("rope", True), ("w16", False)):
-        folder = tmp_path / "results" / name
-        folder.mkdir(parents=True)
         cell = {"tokens": 50003968, "iterations": 1526, "git_revision": f"{rng.integers(1 << 60):040x}",
                 "seconds": {"train_s": 200.4, "eval_s": 53.6, "probes_s": 33.2}}
-        ev = _eval(rng, ntk=ntk)
-        (folder / "cell.json").write_text(json.dumps(cell))
-        (folder / "eval.json").write_text(json.dumps(ev))
-        written[name] = (cell, ev)
-    return study, written
+        results[name] = {"cell": cell, "eval": _eval(rng, ntk=ntk)}
+    return study, results
 
 
 def _fmt(row):
     return f"{row['ratio']:.2f} [{row['ratio_ci95'][0]:.2f}, {row['ratio_ci95'][1]:.2f}]"
 
 
-def test_tables_read_every_number_from_the_cell_files(tmp_path):
-    rng = np.random.default_rng()
-    study, written = _study(tmp_path, rng)
-    results = tables.load_results(study, tmp_path / "results")
+def test_tables_read_every_number_from_the_cell_files():
+    study, results = _study(np.random.default_rng())
     cells = tables.render(study, "cells", results).splitlines()
     assert [line.split(" | ")[0] for line in cells[2:]] == ["| rope", "| w16"]  # alibi has no results: no row
-    cell, ev = written["w16"]
+    cell, ev = results["w16"]["cell"], results["w16"]["eval"]
     assert cells[3] == (f"| w16 | 50.0M | 1526 | {ev['lengths']['512']['loss']:.3f} | {_fmt(ev['lengths']['8192'])} | "
                         f"{_fmt(ev['lengths']['65536'])} | 200 / 54 / 33 | {cell['git_revision'][:7]} |")
 
     head = tables.render(study, "headline", results).splitlines()
     assert head[0].startswith("| cell | r(2K) | r(8K) | r(32K) | r(65K) |") and head[0].endswith("published |")
-    cell, ev = written["rope"]
+    cell, ev = results["rope"]["cell"], results["rope"]["eval"]
     assert head[2].split(" | ")[1:5] == [_fmt(ev["lengths"][str(L)]) for L in (2048, 8192, 32768, 65536)]
     assert head[2].endswith("| r(8K) = 16.2 |")
     assert head[3].startswith("| rope, NTK-scaled at evaluation | " + _fmt(ev["ntk"]["2048"]))
@@ -74,15 +67,14 @@ def test_tables_read_every_number_from_the_cell_files(tmp_path):
     assert "published" not in sweep[0] and "NTK" not in "\n".join(sweep) and len(sweep) == 3
 
 
-def test_an_unknown_group_is_an_error_naming_the_groups(tmp_path):
-    study, _ = _study(tmp_path, np.random.default_rng())
+def test_an_unknown_group_is_an_error_naming_the_groups():
+    study, results = _study(np.random.default_rng())
     with pytest.raises(ValueError, match="no cells in group 'bogus'; its groups: headline, sweep"):
-        tables.render(study, "bogus", tables.load_results(study, tmp_path / "results"))
+        tables.render(study, "bogus", results)
 
 
 def test_fill_replaces_only_this_studys_blocks_and_is_idempotent(tmp_path):
-    study, _ = _study(tmp_path, np.random.default_rng())
-    results = tables.load_results(study, tmp_path / "results")
+    study, results = _study(np.random.default_rng())
     other = "<!-- table: pathlab study table other cells -->\nstale\n<!-- end of table -->"
     doc = ("intro\n<!-- table: pathlab study table unit sweep -->\nstale\n<!-- end of table -->\nmiddle\n"
            f"{other}\nend\n")
@@ -105,7 +97,7 @@ def test_committed_docs_show_the_committed_results():
         for path in (ROOT / "README.md", studies.results_dir(study) / "README.md"):
             if path.is_file() and f"pathlab study table {name} " in path.read_text():
                 text = path.read_text()
-                results = tables.load_results(study, studies.results_dir(study))
+                results = studies.load_cells(study, study["cells"])
                 assert tables.fill(text, study, results) == text, f"{path.name}: run `pathlab study table {name} --write`"
                 checked += 1
     assert checked >= 2  # the README and the owt16-debian ledger carry tables

@@ -398,6 +398,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cells and/or cell groups (default: cells and every group)")
     table.add_argument("--write", action="store_true",
                        help="replace the marked tables in README.md and in the study's results README")
+    table.set_defaults(fast=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -407,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
                 s = load_study(name)
                 print(f"{name:<20} {len(s['cells']):>3} cells  {s.get('description', '')}")
             return 0
-        study = load_study(args.study, fast=getattr(args, "fast", False))
+        study = load_study(args.study, fast=args.fast)
         if args.action == "status":
             for c in study["cells"]:
                 print(f"{c:<28} {cell_status(study, c)}")
@@ -426,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(study: dict, tables, write: bool) -> int:
-    results = study_tables.load_results(study, results_dir(study))
+    results = load_cells(study, study["cells"])
     if write:
         root = repo_root() or Path.cwd()
         for path in study_tables.write_tables(study, results, [root / "README.md", results_dir(study) / "README.md"]):

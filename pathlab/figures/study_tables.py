@@ -15,7 +15,6 @@ study's ``results/<study>/README.md``. A marker naming a group the study lacks i
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -33,14 +32,6 @@ def _marker(study: str, table: str) -> str:
 def _k(L: int) -> str:
     """2048 -> 2K, 32768 -> 32K, 65536 -> 65K: the names the paper and the docs use."""
     return f"{L // 1024}K" if L < 65536 else f"{L // 1000}K"
-
-
-def read_cell(folder: Path) -> dict | None:
-    """``{"cell": cell.json, "eval": eval.json}`` of one results folder, or None when the cell has no results."""
-    if not (folder / "cell.json").is_file():
-        return None
-    return {"cell": json.loads((folder / "cell.json").read_text()),
-            "eval": json.loads((folder / "eval.json").read_text())}
 
 
 def ratio_text(ev: dict, L: int, scaling: str = "lengths") -> str:
@@ -103,19 +94,13 @@ def group_table(study: dict, results: dict, group: str) -> str:
                     + f" | {loss:.3f} | {cell['tokens'] / 1e6:.0f}M |" + "".join(f" {e} |" for e in extra))
         if headline and "ntk" in ev:
             rows.append(f"| {name}, NTK-scaled at evaluation | "
-                        + " | ".join(ratio_text(ev, L, "ntk") for L in LENGTHS) + " | — | — |"
-                        + (" — |" if headline else ""))
+                        + " | ".join(ratio_text(ev, L, "ntk") for L in LENGTHS) + " | — | — | — |")
     return "\n".join(rows)
 
 
-def load_results(study: dict, folder: Path) -> dict:
-    """``{cell: {"cell": …, "eval": …}}`` for the study's cells that have results under ``folder``."""
-    found = {c: read_cell(Path(folder) / c) for c in study["cells"]}
-    return {c: e for c, e in found.items() if e is not None}
-
-
 def render(study: dict, table: str, results: dict) -> str:
-    """One table by name: ``cells`` or a group of the study's cells."""
+    """One table by name: ``cells`` or a group of the study's cells. ``results`` maps each cell with results to
+    ``{"cell": cell.json, "eval": eval.json}`` (as :func:`pathlab.figures.study.load_cells` gives)."""
     return cells_table(study, results) if table == "cells" else group_table(study, results, table)
 
 
