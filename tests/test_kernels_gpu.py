@@ -433,3 +433,26 @@ def test_bf16_large_query_and_key_norms(ut, norm):
     print(f"bf16 ×{norm} ut={ut}: " + " ".join(f"{n} {e:.2e}" for n, e in errs.items()))
     bad = {n: e for n, e in errs.items() if not e <= tol[n]}
     assert not bad, f"errors above {tol}: {bad}"
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])
+def test_fp32_scan_forward_at_fp32_accuracy(gate):
+    """fp32 inputs through the PyTorch UT route (exact fp32 products there): the scan's forward products (3-pass
+    tf32, on the tensor cores) keep the output at fp32 level against the fp64 reference. One-pass tf32 products
+    would leave errors near 2⁻¹¹ ≈ 5e-4; exact fp32 ones give about 2e-7. (The fused UT routes take 1-pass tf32
+    products for fp32 inputs; ``test_ops_gpu`` holds them to 2e-3.)"""
+    from pathlab.kernels import path_attention_triton
+    from pathlab.reference import path_attention as reference
+
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    B, T, H, Hkv, D = 2, 777, 4, 2, 64
+    q, k, v, w = r(B, T, H, D), r(B, T, Hkv, D), r(B, T, Hkv, D), r(B, T, Hkv, D)
+    beta = 2 * torch.rand(B, T, Hkv, device="cuda", generator=gen)
+    g = F.logsigmoid(3.0 + r(B, T, H)) if gate else None
+    with torch.no_grad():
+        got = path_attention_triton(q, k, v, w, beta, g, ut="torch")
+        want = reference(*(x.double() for x in (q, k, v, w, beta)), None if g is None else g.double())
+    err = rel_rms(got, want)
+    print(f"fp32 forward, ut=torch, gate={gate}: {err:.2e}")
+    assert got.dtype == torch.float32 and err <= 1e-5, f"relative RMS error {err:.3g} > 1e-5"
