@@ -264,6 +264,23 @@ def test_window_sweep_pairs_cells_on_their_shared_windows():
     assert claims["qkv_flatter_than_qk_at_equal_window"] is False  # ... the paired one decides
 
 
+def test_paired_ratios_to_rope_on_shared_and_on_other_windows():
+    """Each cell's r(L) / r_RoPE(L) beyond the training length, with the paired interval: it holds the true ratio
+    (about ×e^{−2} here, the windows' shared difficulty cancelling), and is None when the cells saw other windows."""
+    rng = np.random.default_rng()
+    text, own = rng.normal(1.0, 0.5, 32), rng.normal(0.0, 0.05, 32)
+    cells = {"rope": {"eval": _windowed_eval(text + 2.0)}, "path": {"eval": _windowed_eval(text + own)}}
+    data, claims, _ = summaries.extrapolation_summary(cells)
+    (row,) = data["paired_to_rope"]["path"]
+    lo, hi = row["paired_ci95"]
+    assert row["L"] == 1024 and math.isclose(row["ratio"], math.exp(own.mean() - 2.0))
+    assert lo <= row["ratio"] <= hi < 1 and hi / lo < 1.1  # paired: narrow, although the text varies by ±0.5
+    assert claims["path_flatter_than_rope"] is True
+    cells["path"]["eval"]["lengths"]["1024"]["window_starts"] = list(range(100, 132))
+    data, _, _ = summaries.extrapolation_summary(cells)
+    assert data["paired_to_rope"]["path"][0]["paired_ci95"] is None
+
+
 def test_markdown_table_lists_cells_and_published_numbers(cells):
     data, _, _ = summaries.extrapolation_summary(cells)
     text = summaries.extrapolation_markdown(data)

@@ -416,7 +416,8 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
     ``path_flatter_than_rope``; ``path_fox_no_worse_than_path`` (False only when PaTH-FoX is decidedly worse).
     Each is decided by an interval, not by a point estimate (:mod:`pathlab.intervals`): a threshold by the
     cell's 95% bootstrap interval, a pair of cells by the paired interval of their ratio on the same windows;
-    None while the interval leaves it open.
+    None while the interval leaves it open. ``data["paired_to_rope"]``: each other cell's r(L) / r_RoPE(L) at
+    every length beyond the training length that both have, with its paired interval (None on other windows).
     """
     from pathlab.probes.published import PUBLISHED
 
@@ -437,7 +438,20 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
             L = min(rows[a]["lengths"][-1], rows[b]["lengths"][-1])
             o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
             claims[name] = o != 1 if name.endswith("than_path") else verdict([o], -1)
+    if "rope" in rows:
+        data["paired_to_rope"] = {c: _paired_to(cells[c]["eval"], cells["rope"]["eval"]) for c in rows if c != "rope"}
     return data, claims, {}
+
+
+def _paired_to(ev: dict, base: dict) -> list[dict]:
+    """``[{"L", "ratio", "paired_ci95"}]``: r(L) of ``ev`` over that of ``base`` at each length beyond the first
+    (the training length) that both were evaluated at, the interval seeded by L as the claims' are."""
+    out = []
+    for key in sorted(set(ev["lengths"]) & set(base["lengths"]), key=int)[1:]:
+        a, b = ev["lengths"][key], base["lengths"][key]
+        out.append({"L": int(key), "ratio": a["ratio"] / b["ratio"],
+                    "paired_ci95": paired_ratio_interval(a, b, seed=int(key))})
+    return out
 
 
 def longest_row(ev: dict, scaling: str = "lengths") -> dict:
