@@ -44,6 +44,12 @@ def paired_ratio_interval(row_a: dict, row_b: dict, *, seed: int = 0) -> tuple[f
     return bootstrap_ratio(d_a, d_b, seed=seed)
 
 
+def paired_ratio(row_a: dict, row_b: dict, *, seed: int = 0) -> dict:
+    """``{"ratio": r_a / r_b, "paired_ci95": its paired interval or None}`` for two eval.json rows of one length:
+    the record the figures keep of a comparison between two cells."""
+    return {"ratio": row_a["ratio"] / row_b["ratio"], "paired_ci95": paired_ratio_interval(row_a, row_b, seed=seed)}
+
+
 def compare(row_a: dict, row_b: dict, *, seed: int = 0) -> int:
     """−1 when r_a is decidedly below r_b, +1 when decidedly above, 0 when undecided (module docstring)."""
     paired = paired_ratio_interval(row_a, row_b, seed=seed)

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from pathlab.attention.registry import attention_settings
-from pathlab.intervals import compare, order, paired_ratio_interval, verdict
+from pathlab.intervals import compare, order, paired_ratio, verdict
 from pathlab.probes.records import length_entry
 
 
@@ -438,20 +438,13 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
             L = min(rows[a]["lengths"][-1], rows[b]["lengths"][-1])
             o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
             claims[name] = o != 1 if name.endswith("than_path") else verdict([o], -1)
-    if "rope" in rows:
-        data["paired_to_rope"] = {c: _paired_to(cells[c]["eval"], cells["rope"]["eval"]) for c in rows if c != "rope"}
+    if "rope" in rows:  # at each length beyond the training length that both have, seeded by L as the claims
+        base = cells["rope"]["eval"]["lengths"]
+        data["paired_to_rope"] = {
+            c: [{"L": int(L), **paired_ratio(cells[c]["eval"]["lengths"][L], base[L], seed=int(L))}
+                for L in sorted(set(cells[c]["eval"]["lengths"]) & set(base), key=int)[1:]]
+            for c in rows if c != "rope"}
     return data, claims, {}
-
-
-def _paired_to(ev: dict, base: dict) -> list[dict]:
-    """``[{"L", "ratio", "paired_ci95"}]``: r(L) of ``ev`` over that of ``base`` at each length beyond the first
-    (the training length) that both were evaluated at, the interval seeded by L as the claims' are."""
-    out = []
-    for key in sorted(set(ev["lengths"]) & set(base["lengths"]), key=int)[1:]:
-        a, b = ev["lengths"][key], base["lengths"][key]
-        out.append({"L": int(key), "ratio": a["ratio"] / b["ratio"],
-                    "paired_ci95": paired_ratio_interval(a, b, seed=int(key))})
-    return out
 
 
 def longest_row(ev: dict, scaling: str = "lengths") -> dict:
@@ -518,8 +511,8 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
         claims[f"{group}_windows_below_training_length_extrapolate_better"] = (
             verdict([cmp(b, a) for b in below for a in above], -1) if below and above else None)
         data.setdefault("steps", {})[group] = [
-            {"from": p["cell"], "to": q["cell"], "ratio": row(q)["ratio"] / row(p)["ratio"],
-             "paired_ci95": paired_ratio_interval(row(q), row(p), seed=L_key)} for p, q in zip(have, have[1:])]
+            {"from": p["cell"], "to": q["cell"], **paired_ratio(row(q), row(p), seed=L_key)}
+            for p, q in zip(have, have[1:])]
         if len(have) >= 3:
             falls = any(cmp(p, q) == 1 for p, q in zip(have, have[1:]))
             claims[f"{group}_ratio_rises_with_window"] = False if falls else verdict([cmp(have[0], have[-1])], -1)
@@ -528,9 +521,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     at = {g: {p["W"]: p for p in pts if not math.isinf(p["W"]) and p[f"r{L_key}"] is not None}
           for g, pts in data["groups"].items()}
     common = sorted(set(at["qkv"]) & set(at["qk"]))
-    data["qkv_over_qk"] = [{"W": W, "ratio": row(at["qkv"][W])["ratio"] / row(at["qk"][W])["ratio"],
-                            "paired_ci95": paired_ratio_interval(row(at["qkv"][W]), row(at["qk"][W]), seed=L_key)}
-                           for W in common]
+    data["qkv_over_qk"] = [{"W": W, **paired_ratio(row(at["qkv"][W]), row(at["qk"][W]), seed=L_key)} for W in common]
     claims["qkv_flatter_than_qk_at_equal_window"] = (
         verdict([cmp(at["qkv"][W], at["qk"][W]) for W in common], -1) if common else None)
     return data, claims, {}
