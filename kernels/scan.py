@@ -101,8 +101,8 @@ def _scan_fwd_impl(qs, ks, v, m, sd, gl, go, chunk_first, chunk_index, order, ma
     H, NC, BT, D = qs.shape
     DV = v.shape[-1]
     lowp = _lowp(v.dtype)
-    # fp32 inputs: 3-pass tf32, fp32-level products on the tensor cores (exact "ieee" products run on the CUDA cores,
-    # and a long fp32 forward, such as the probes' at 65K tokens, then spends seconds per layer)
+    # fp32 inputs: 3-pass tf32, fp32-level products on the tensor cores; exact ("ieee") products would run on the
+    # CUDA cores, far below that rate, which the probes' long fp32 forwards cannot afford
     prec = "tf32x3" if lowp == torch.float32 else "tf32"
     qs, sd = qs.contiguous(), sd.contiguous()
     v, Hkv, (sv_t, sv_h) = _v_rows(v, v_rows, NC, BT)

@@ -35,6 +35,14 @@ def random_path_inputs(B, T, H, D, *, Hkv=None, Dv=None, dtype=torch.float32, de
     return tensors
 
 
+def grads_of(fn, leaves, do) -> list[torch.Tensor]:
+    """``[fn(*leaves), d leaf_1, d leaf_2, …]`` (detached) for the output gradient ``do``; the leaves are detached
+    copies, so the caller's tensors are not touched."""
+    leaves = [t.detach().requires_grad_() for t in leaves]
+    out = fn(*leaves)
+    return [out.detach()] + [g.detach() for g in torch.autograd.grad(out, leaves, do)]
+
+
 def grad_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """‖actual − expected‖ / max(‖expected‖, 1): a relative error with a floor, so gradients that should be zero
     (an input an op ignores, dq at T = 1) must come out as zero up to rounding."""

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pathlab.kernels.config import KernelConfig
+from pathlab.testing import grads_of, random_path_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -37,12 +38,6 @@ def inputs(B, T, H, Hkv, D, *, beta_range=(1.5, 2.0), gate=True, seed=0, w_dtype
     beta = lo + (hi - lo) * torch.rand(B, T, Hkv, device="cuda", generator=gen)
     g = F.logsigmoid(3.0 + r(B, T, H)) if gate else None
     return q, k, v, w, beta, g
-
-
-def grads_of(fn, leaves, do):
-    leaves = [t.detach().requires_grad_() for t in leaves]
-    o = fn(*leaves)
-    return [o.detach()] + [x.detach() for x in torch.autograd.grad(o, leaves, do)]
 
 
 def bf16_case(T, H, Hkv, D, gate, w_dtype=torch.float32, ut=None, config=None):
@@ -444,12 +439,7 @@ def test_fp32_scan_forward_at_fp32_accuracy(gate):
     from pathlab.kernels import path_attention_triton
     from pathlab.reference import path_attention as reference
 
-    gen = torch.Generator(device="cuda").manual_seed(21)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    B, T, H, Hkv, D = 2, 777, 4, 2, 64
-    q, k, v, w = r(B, T, H, D), r(B, T, Hkv, D), r(B, T, Hkv, D), r(B, T, Hkv, D)
-    beta = 2 * torch.rand(B, T, Hkv, device="cuda", generator=gen)
-    g = F.logsigmoid(3.0 + r(B, T, H)) if gate else None
+    q, k, v, w, beta, g = random_path_inputs(2, 777, 4, 64, Hkv=2, device="cuda", gate=gate)
     with torch.no_grad():
         got = path_attention_triton(q, k, v, w, beta, g, ut="torch")
         want = reference(*(x.double() for x in (q, k, v, w, beta)), None if g is None else g.double())
