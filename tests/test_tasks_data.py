@@ -176,6 +176,51 @@ def cycle_sanity(gens) -> bool:
                for g in gens)
 
 
+def _word_set(x: torch.Tensor) -> set:
+    return set(map(tuple, x[:, 1:].tolist()))
+
+
+@pytest.mark.parametrize("variant", ["tagging", "identity"])
+def test_a5_train_and_test_words_never_overlap(variant):
+    """At k = 3 (216,000 words; for the identity variant k = 4, 1296 words) a training stream of 100,000 words
+    covers a third of the test words or more unless the split holds them out; the negative control (split=None)
+    shows the overlap this test would catch."""
+    gen, k = (a5.generate_a5, 3) if variant == "tagging" else (a5.generate_a5_identity, 4)
+    test = _word_set(gen(2000, k, seed=1, split="test")[0])
+    train = _word_set(gen(100_000, k, seed=2, split="train")[0])
+    leaky = _word_set(gen(100_000, k, seed=2)[0])
+    assert test and not test & train
+    assert len(test & leaky) > len(test) // 4
+    assert a5.is_test_word(np.array(sorted(test))).all() and not a5.is_test_word(np.array(sorted(train))).any()
+
+
+def test_a5_task_trains_and_evaluates_on_disjoint_words():
+    from pathlab.tasks.settings import resolve_settings
+    from pathlab.tasks.specs import TASKS
+
+    s = resolve_settings("a5", preset="tiny-cpu", overrides={"length": 3})
+    task = TASKS["a5"]
+    test = _word_set(task.eval_sets(s, False)["test"][0])
+    train = set().union(*(_word_set(task.train_batch(s, step)[0]) for step in range(50)))
+    assert test and train and not test & train
+
+
+def test_a5_word_hash_is_fixed():
+    """The split is a function of the word alone: pinned values, so that a change of the hash (which would move
+    words between the splits of earlier results) fails here."""
+    words = np.array([[0, 1, 2], [59, 59, 59], [7, 0, 0]])
+    assert a5.word_hash(words).tolist() == [18031394344351942275, 7064108328896554264, 4828809168341235857]
+    draws = np.random.default_rng(0).integers(0, 60, size=(200_000, 5))
+    assert abs(a5.is_test_word(draws).mean() - 1 / a5.HELD_OUT) < 0.005
+
+
+def test_a5_split_errors():
+    with pytest.raises(ValueError, match="split"):
+        a5.generate_a5(3, 4, split="validation")
+    with pytest.raises(ValueError, match="too few"):  # one word of one symbol: one split of the two is empty
+        a5._draw_words(np.random.default_rng(0), 2, 1, 1, "train" if a5.is_test_word(np.zeros((1, 1))) else "test")
+
+
 def test_a5_bad_input():
     with pytest.raises(ValueError, match="length"):
         a5.generate_a5(3, 0)

@@ -21,6 +21,12 @@ has no target (-1). Metrics: token accuracy (every position) and sequence accura
 ``g3 = (0 1 4)`` (3-cycles, i.e. the paper's (1 2 3), (1 2 4), (1 2 5)) and their inverses; the label at each
 position is whether the prefix product equals the identity. Sets are balanced at the last position: half of the
 words multiply to the identity (rejection sampling), and the metric is the accuracy of the last label.
+
+**Held-out words.** A word (the whole token sequence after BOS) is a test word when a fixed hash of it falls in one
+bucket of ``HELD_OUT`` (:func:`is_test_word`): ``split="train"`` draws only the other words and ``split="test"``
+only these, so no test word is ever trained on, at any length and under any seed. Without the split a short
+length's words are all seen in training (60³ = 216,000 words at k = 3 against millions of training draws), and
+"solving" it can be memorising it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ VOCAB_SIZE = ORDER + 1
 GENERATOR_CYCLES = ((0, 1, 2), (0, 1, 3), (0, 1, 4))
 ID_BOS, ID_NO, ID_YES = 6, 7, 8
 ID_VOCAB_SIZE = 9
+
+HELD_OUT = 8  # one word in HELD_OUT (by its hash) is a test word
+SPLITS = (None, "train", "test")  # None: every word
 
 
 def _is_even(p: tuple[int, ...]) -> bool:
@@ -136,12 +145,56 @@ def _check_sizes(n, length, min_length=1) -> None:
         raise ValueError(f"length must be an int >= {min_length}, got {length!r}")
 
 
-def generate_a5(n: int, length: int, *, seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # 2⁶⁴ / golden ratio, odd
+
+
+def word_hash(words: np.ndarray) -> np.ndarray:
+    """``[n]`` uint64: a fixed hash of each row of ``words [n, k]`` (non-negative ints), the same on every machine
+    and numpy version: h ← (h + w_t + 1)·c per token (c odd, arithmetic mod 2⁶⁴), then an xor-shift-multiply
+    finaliser so that every bit of h depends on every token."""
+    words = np.asarray(words)
+    h = np.full(words.shape[0], np.uint64(words.shape[1]), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for t in range(words.shape[1]):
+            h = (h + words[:, t].astype(np.uint64) + np.uint64(1)) * _MIX
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
+    return h
+
+
+def is_test_word(words: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: whether each row of ``words [n, k]`` is held out for testing (its hash in one bucket of
+    ``HELD_OUT``: about one word in eight, fixed by the word alone)."""
+    return word_hash(words) % np.uint64(HELD_OUT) == 0
+
+
+def _draw_words(rng, n: int, length: int, n_symbols: int, split) -> np.ndarray:
+    """``[n, length]`` words drawn uniformly from ``split`` (None: all words; "train"/"test": the words
+    :func:`is_test_word` says are not / are held out), by rejection."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split is None:
+        return rng.integers(0, n_symbols, size=(n, length), dtype=np.int64)
+    kept, have = [], 0
+    for _ in range(1000):
+        if have >= n:
+            break
+        words = rng.integers(0, n_symbols, size=(max(64, 2 * HELD_OUT * (n - have)), length), dtype=np.int64)
+        words = words[is_test_word(words) == (split == "test")]
+        kept.append(words)
+        have += len(words)
+    else:
+        raise ValueError(f"too few {split} words of length {length} over {n_symbols} symbols to draw {n}")
+    return np.concatenate(kept)[:n]
+
+
+def generate_a5(n: int, length: int, *, seed=0, split=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tagging data: inputs ``[n, length + 1]`` = [BOS, g_1..g_k] and targets ``[n, length + 1]`` =
-    [-1, g_1, g_1 g_2, ..., g_1 ... g_k] (int64)."""
+    [-1, g_1, g_1 g_2, ..., g_1 ... g_k] (int64); words from ``split`` (None: all, "train", "test")."""
     _check_sizes(n, length)
     rng = _rng(seed)
-    words = rng.integers(0, ORDER, size=(n, length), dtype=np.int64)
+    words = _draw_words(rng, n, length, ORDER, split)
     prods = running_products(words)
     inputs = np.concatenate([np.full((n, 1), BOS, dtype=np.int64), words], axis=1)
     targets = np.concatenate([np.full((n, 1), -1, dtype=np.int64), prods], axis=1)
@@ -156,16 +209,18 @@ def generator_elements() -> tuple[int, ...]:
     return tuple(gens + [int(inv[g]) for g in gens])
 
 
-def generate_a5_identity(n: int, length: int, *, seed=0, balanced: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def generate_a5_identity(n: int, length: int, *, seed=0, balanced: bool = True,
+                         split=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Identity variant: inputs ``[n, length + 1]`` = [ID_BOS, generator tokens 0..5] and targets with ID_YES /
     ID_NO at every word position (prefix product == identity?). With ``balanced`` exactly ``n // 2`` words
-    (rounded down) multiply to the identity, the rest do not, in random order."""
+    (rounded down) multiply to the identity, the rest do not, in random order. Words from ``split`` (None: all,
+    "train", "test"; the hash of the generator tokens decides)."""
     _check_sizes(n, length, min_length=2)
     rng = _rng(seed)
     gen_elems = np.asarray(generator_elements(), dtype=np.int64)
 
     def draw(m):
-        toks = rng.integers(0, 6, size=(m, length), dtype=np.int64)
+        toks = _draw_words(rng, m, length, 6, split)
         return toks, running_products(gen_elems[toks])
 
     if balanced:

@@ -80,15 +80,16 @@ FLIPFLOP = Task(
 # ------------------------------------------------------------------------------------------------- A5
 
 
-def _a5_generate(s: dict, n: int, seed):
+def _a5_generate(s: dict, n: int, seed, split: str):
+    """Words of the ``split`` (``a5.is_test_word``): training never draws a test word."""
     if s["variant"] == "tagging":
-        return a5.generate_a5(n, s["length"], seed=seed)
-    return a5.generate_a5_identity(n, s["length"], seed=seed)
+        return a5.generate_a5(n, s["length"], seed=seed, split=split)
+    return a5.generate_a5_identity(n, s["length"], seed=seed, split=split)
 
 
 def _a5_eval(s: dict, quick: bool):
     n = min(s["n_eval"], s["eval_batch_size"]) if quick else s["n_eval"]
-    return {"test": _a5_generate(s, n, [s["seed"], 1])}
+    return {"test": _a5_generate(s, n, [s["seed"], 1], "test")}
 
 
 def _a5_summary(m: dict) -> dict:
@@ -104,7 +105,7 @@ A5 = Task(
     defaults=dict(length=16, variant="tagging", n_eval=2000, solved_at=0.9),
     vocab_size=lambda s: a5.VOCAB_SIZE if s["variant"] == "tagging" else a5.ID_VOCAB_SIZE,
     seq_len=lambda s: s["length"] + 1,
-    train_batch=lambda s, step: _a5_generate(s, s["batch_size"], [s["seed"], 0, step]),
+    train_batch=lambda s, step: _a5_generate(s, s["batch_size"], [s["seed"], 0, step], "train"),
     eval_sets=_a5_eval,
     summary=_a5_summary,
     primary=("test", "sequence_accuracy"),
