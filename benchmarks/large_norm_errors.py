@@ -10,8 +10,13 @@ few tens of nats does not saturate, and one whose gap is near the logits' roundi
 states' 2⁻¹¹ for 16-bit inputs) gets softmax weights, and so gradients, of the wrong size. How many rows lie near
 such a gap depends on the draw.
 
+``--factors`` measures one step earlier, where the two UT routes differ: the factors q̃, k̃, M and the intra-chunk
+logits S_d (reported over √D, in nats) of the fused Triton UT transform and of the PyTorch one (fp32 products),
+each against the fp64 transform of the same rounded inputs.
+
     python benchmarks/large_norm_errors.py --dtype bf16 --out large-norm-errors-h200.json            # on a GPU
     TRITON_INTERPRET=1 python benchmarks/large_norm_errors.py --dtype fp16,fp32 --device cpu --out e.json
+    TRITON_INTERPRET=1 python benchmarks/large_norm_errors.py --factors --dtype fp16 --norms 1,50,200 --device cpu
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ import json
 import time
 
 import torch
+import torch.nn.functional as F
 
 from pathlab.kernels import path_attention_triton
+from pathlab.kernels.layout import build_layout, to_chunks
+from pathlab.kernels.ut_backward import ut_factors_triton
+from pathlab.kernels.ut_torch import ut_factors
 from pathlab.reference import path_attention as reference
 from pathlab.testing import grads_of, random_path_inputs
 
@@ -52,6 +61,33 @@ def measure(dtype, norm: float, ut: str, device: str, seed: int = 0, shape=(2, 1
             "tensors": tensors}
 
 
+def factor_errors(dtype, norm: float, device: str, seed: int = 0, shape=(2, 128, 4, 2, 64), chunk=64) -> dict:
+    """One row: per UT factor, the RMS of its fp64 value and the RMS and largest error of each route (S_d over √D).
+    The inputs are those of :func:`measure`, rounded to ``dtype``; the PyTorch route gets them in fp32."""
+    B, T, H, Hkv, D = shape
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, w, beta, g = random_path_inputs(B, T, H, D, Hkv=Hkv, device=device, beta_range=(1.5, 2.0), gate=True,
+                                             generator=gen)
+    q, k, w = (q * norm).to(dtype), (k * norm).to(dtype), w.to(dtype)
+    layout = build_layout(B, T, chunk, device)
+
+    def chunks(dt):
+        return [to_chunks(x.to(dt), layout) for x in (q, k, F.normalize(w.to(dt), dim=-1), beta)]
+
+    with torch.no_grad():
+        routes = {"triton": ut_factors_triton(q, k, w, beta, layout), "torch": ut_factors(*chunks(torch.float32))}
+        want = ut_factors(*chunks(torch.float64))
+    factors = {}
+    for i, name in enumerate(("q_start", "k_end", "M", "S_d")):
+        unit = D ** -0.5 if name == "S_d" else 1.0
+        factors[name] = {"true": rms(want[i]) * unit} | {
+            route: {"error": rms(got[i].double() - want[i]) * unit,
+                    "max_error": float((got[i].double() - want[i]).abs().max()) * unit}
+            for route, got in routes.items()}
+    return {"dtype": str(dtype).removeprefix("torch."), "norm": norm, "seed": seed, "shape": list(shape),
+            "chunk": chunk, "factors": factors}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
@@ -59,12 +95,20 @@ def main() -> None:
     p.add_argument("--ut", default="torch,triton,triton_saved", help="comma-separated UT routes")
     p.add_argument("--seeds", default="0,1,2", help="input draws: whether rows saturate depends on the draw")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--factors", action="store_true", help="the UT factors of both routes instead of the op")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     args = p.parse_args()
     rows = []
     for name in args.dtype.split(","):
         for norm in (float(n) for n in args.norms.split(",")):
             for seed in (int(s) for s in args.seeds.split(",")):
+                if args.factors:
+                    rows.append(factor_errors(DTYPES[name], norm, args.device, seed=seed))
+                    for f, t in rows[-1]["factors"].items():
+                        print(f"{name} x{norm:g} seed {seed} {f:8s} true {t['true']:.3g}  " + "  ".join(
+                            f"{r} error {t[r]['error']:.3g} (max {t[r]['max_error']:.3g})" for r in ("triton", "torch")),
+                            flush=True)
+                    continue
                 for ut in args.ut.split(","):
                     row = measure(DTYPES[name], norm, ut, args.device, seed=seed)
                     rows.append(row)
@@ -76,7 +120,8 @@ def main() -> None:
         device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (TRITON_INTERPRET=1)"
         with open(args.out, "w") as f:
             json.dump({"command": "python benchmarks/large_norm_errors.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
+                (f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')} {v}")
+                for k, v in vars(args).items() if v not in (None, False) and k != "out"),
                 "device": device, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "rows": rows}, f, indent=1)
 

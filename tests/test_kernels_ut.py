@@ -412,6 +412,25 @@ def test_inverse_gradient_steps_script_is_right_under_the_interpreter(tmp_path):
         assert r["nonfinite"] == 0 and r["db_nonfinite"] == 0 and r["err"] < tol and r["db_err"] < tol, r
 
 
+def test_large_norm_factor_script_separates_the_routes():
+    """``benchmarks/large_norm_errors.py --factors`` at a small size under the interpreter: with fp16 inputs the
+    fused route's factors carry its 11-bit products (about 2⁻¹¹ of their size), the PyTorch route's fp32 ones,
+    and S_d's error grows with |q|·|k| (×50: 2500 times the size of the logits at norm 1), as the docs state."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "large_norm_errors.py"
+    spec = importlib.util.spec_from_file_location("large_norm_errors", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = [script.factor_errors(torch.float16, norm, "cpu", shape=(1, 40, 2, 1, 16), chunk=16) for norm in (1, 50)]
+    for row in rows:
+        for name, f in row["factors"].items():
+            assert f["torch"]["error"] < 1e-5 * f["true"] < f["triton"]["error"] < 2e-3 * f["true"], (name, f)
+    s_d = [row["factors"]["S_d"]["triton"]["error"] for row in rows]
+    assert s_d[1] > 1000 * s_d[0]
+
+
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("beta_range", [(0.0, 0.05), (1.9, 2.0)], ids=["beta0", "beta2"])
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.float16], ids=["w32", "w16"])
