@@ -5,8 +5,8 @@ weights on ``--device``. Per length L: ``--n-windows`` random token windows [B, 
 study's settings (64 sampled queries in the last 512 positions, near sets W = 512, 64, 128; angle statistics up to
 lag min(``--angle-lag``, L − 1) for rotation models). Each row records the forward through the blocks alone
 (no hooks), the full measurement (forward + probes), and on CUDA the peak memory. One untimed measurement at a
-short length first compiles the model's kernels, and one untimed forward at each length precedes its timed one. ``--m2-windows N`` also times the M2 pass
-(:func:`learned_head_windows` on N windows of 512 tokens).
+short length first compiles the model's kernels, and one untimed forward at each length precedes its timed one.
+``--m2-windows N`` also times the M2 pass (:func:`learned_head_windows` on N windows of 512 tokens).
 
     python benchmarks/bench_probes.py --variants rope,path --lengths 4096,65536 --n-windows 2 --device cuda
     python benchmarks/bench_probes.py --device cpu --n-layer 2 --lengths 1024 --n-windows 1

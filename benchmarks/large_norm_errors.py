@@ -105,9 +105,9 @@ def main() -> None:
                 if args.factors:
                     rows.append(factor_errors(DTYPES[name], norm, args.device, seed=seed))
                     for f, t in rows[-1]["factors"].items():
-                        print(f"{name} x{norm:g} seed {seed} {f:8s} true {t['true']:.3g}  " + "  ".join(
-                            f"{r} error {t[r]['error']:.3g} (max {t[r]['max_error']:.3g})" for r in ("triton", "torch")),
-                            flush=True)
+                        routes = "  ".join(f"{r} error {t[r]['error']:.3g} (max {t[r]['max_error']:.3g})"
+                                           for r in ("triton", "torch"))
+                        print(f"{name} x{norm:g} seed {seed} {f:8s} true {t['true']:.3g}  {routes}", flush=True)
                     continue
                 for ut in args.ut.split(","):
                     row = measure(DTYPES[name], norm, ut, args.device, seed=seed)
