@@ -43,12 +43,18 @@ def rms(t: torch.Tensor) -> float:
     return float(t.double().pow(2).mean().sqrt())
 
 
+def draw_inputs(shape, device: str, seed: int):
+    """(q, k, v, w, β, g, generator) at norm 1 in fp32 (PaTH-FoX, β ∈ [1.5, 2]); the generator draws dO next."""
+    B, T, H, Hkv, D = shape
+    gen = torch.Generator().manual_seed(seed)
+    return *random_path_inputs(B, T, H, D, Hkv=Hkv, device=device, beta_range=(1.5, 2.0), gate=True,
+                               generator=gen), gen
+
+
 def measure(dtype, norm: float, ut: str, device: str, seed: int = 0, shape=(2, 128, 4, 2, 64)) -> dict:
     """One row: ``{tensor: {"op", "true", "unit", "error"}}`` RMS values, plus the case's settings."""
     B, T, H, Hkv, D = shape
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, w, beta, g = random_path_inputs(B, T, H, D, Hkv=Hkv, device=device, beta_range=(1.5, 2.0), gate=True,
-                                             generator=gen)
+    q, k, v, w, beta, g, gen = draw_inputs(shape, device, seed)
     do = torch.randn(B, T, H, D, generator=gen).to(device, dtype)
     unit = [q.to(dtype), k.to(dtype), v.to(dtype), w, beta, g]
     big = [(q * norm).to(dtype), (k * norm).to(dtype), v.to(dtype), w, beta, g]
@@ -65,9 +71,7 @@ def factor_errors(dtype, norm: float, device: str, seed: int = 0, shape=(2, 128,
     """One row: per UT factor, the RMS of its fp64 value and the RMS and largest error of each route (S_d over √D).
     The inputs are those of :func:`measure`, rounded to ``dtype``; the PyTorch route gets them in fp32."""
     B, T, H, Hkv, D = shape
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, w, beta, g = random_path_inputs(B, T, H, D, Hkv=Hkv, device=device, beta_range=(1.5, 2.0), gate=True,
-                                             generator=gen)
+    q, k, v, w, beta, g, _ = draw_inputs(shape, device, seed)
     q, k, w = (q * norm).to(dtype), (k * norm).to(dtype), w.to(dtype)
     layout = build_layout(B, T, chunk, device)
 
