@@ -30,6 +30,7 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "W": "*bf16", "V": "*bf16", "DO": "*bf16
             "M_SCAN": "*fp16", "SCRATCH": "*fp16", "STATES": "*fp16", "GO": "*fp64", "TOK": "*i64", "CHUNK_FIRST": "*i64",
             "CHUNK_INDEX": "*i64", "ORDER": "*i64", "SEQ_ORDER": "*i32", "SEQ_CHUNKS": "*i32", "DVO": "*bf16"}
 INTEGERS = ("NC", "NH", "T", "NTOK")
+FLOATS = ("wide",)  # fp32 scalars besides the scales
 NARROW_SCRATCH = ("DU", "DX", "DKP", "DWP", "DAD")  # the UT backward's scratch, fp16 with NARROW
 
 
@@ -45,7 +46,7 @@ def signature(kernel, constexprs, scan: bool):
             narrow = constexprs.get("NARROW") and name in NARROW_SCRATCH
             sig[name] = "*fp16" if narrow else POINTERS.get(key, "*fp32")
         else:
-            sig[name] = "fp32" if "scale" in name else "i32"
+            sig[name] = "fp32" if "scale" in name or name in FLOATS else "i32"
     return sig
 
 
@@ -125,6 +126,9 @@ def cases(dims, GROUP=1):
         for gram16 in (False, True):  # W Wᵀ by 3 tf32 passes on fp32 rows, or one pass on the bf16 rows
             yield (f"ut_inverse D{D} gram16={gram16}", _triton_ut._ut_inverse_kernel,
                    dict(BT=64, D=D, GRAM16=gram16), _triton_ut._INVERSE_NUM_WARPS, False)
+        # q̃, k̃, S_d again from split fp16 products where a chunk's bound asks for them
+        yield (f"ut_fwd_split_kernel D{D}", _triton_ut._ut_fwd_split_kernel, dict(GROUP=GROUP, BT=64, D=D),
+               _triton_ut.num_warps(D), False)
         for half in (False, True):  # tf32 products, or fp16 on operands scaled by powers of two
             tag = " half" if half else ""
             yield (f"ut_fwd_kernel D{D}{tag}", _triton_ut._ut_fwd_kernel, dict(GROUP=GROUP, BT=64, D=D, HALF=half),

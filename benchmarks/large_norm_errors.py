@@ -10,9 +10,11 @@ few tens of nats does not saturate, and one whose gap is near the logits' roundi
 states' 2⁻¹¹ for 16-bit inputs) gets softmax weights, and so gradients, of the wrong size. How many rows lie near
 such a gap depends on the draw.
 
-``--factors`` measures one step earlier, where the two UT routes differ: the factors q̃, k̃, M and the intra-chunk
-logits S_d (reported over √D, in nats) of the fused Triton UT transform and of the PyTorch one (fp32 products),
-each against the fp64 transform of the same rounded inputs.
+``--factors`` measures one step earlier, where the UT routes differ: the factors q̃, k̃, M and the intra-chunk
+logits S_d (reported over √D, in nats) of the fused Triton UT transform as it runs (``triton``: chunks of large
+|q|·|k| take fp32-level products), of the same with 16-bit products everywhere (``triton_16bit``,
+``KernelConfig(ut_split_logits=False)``) and of the PyTorch one (fp32 products), each against the fp64 transform of
+the same rounded inputs.
 
     python benchmarks/large_norm_errors.py --dtype bf16 --out large-norm-errors-h200.json            # on a GPU
     TRITON_INTERPRET=1 python benchmarks/large_norm_errors.py --dtype fp16,fp32 --device cpu --out e.json
@@ -28,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pathlab.kernels import path_attention_triton
+from pathlab.kernels import KernelConfig, path_attention_triton
 from pathlab.kernels.layout import build_layout, to_chunks
 from pathlab.kernels.ut_backward import ut_factors_triton
 from pathlab.kernels.ut_torch import ut_factors
@@ -58,7 +60,8 @@ def measure(dtype, norm: float, ut: str, device: str, seed: int = 0, shape=(2, 1
     do = torch.randn(B, T, H, D, generator=gen).to(device, dtype)
     unit = [q.to(dtype), k.to(dtype), v.to(dtype), w, beta, g]
     big = [(q * norm).to(dtype), (k * norm).to(dtype), v.to(dtype), w, beta, g]
-    got = grads_of(lambda *xs: path_attention_triton(*xs, ut=ut), big, do)
+    route = dict(ut="triton", config=KernelConfig(ut_split_logits=False)) if ut == "triton_16bit" else dict(ut=ut)
+    got = grads_of(lambda *xs: path_attention_triton(*xs, **route), big, do)
     want = grads_of(reference, [x.double() for x in big], do.double())
     at_one = grads_of(reference, [x.double() for x in unit], do.double())
     tensors = {n: {"op": rms(a), "true": rms(b), "unit": rms(u), "error": rms(a.double() - b)}
@@ -79,7 +82,9 @@ def factor_errors(dtype, norm: float, device: str, seed: int = 0, shape=(2, 128,
         return [to_chunks(x.to(dt), layout) for x in (q, k, F.normalize(w.to(dt), dim=-1), beta)]
 
     with torch.no_grad():
-        routes = {"triton": ut_factors_triton(q, k, w, beta, layout), "torch": ut_factors(*chunks(torch.float32))}
+        routes = {"triton": ut_factors_triton(q, k, w, beta, layout),
+                  "triton_16bit": ut_factors_triton(q, k, w, beta, layout, KernelConfig(ut_split_logits=False)),
+                  "torch": ut_factors(*chunks(torch.float32))}
         want = ut_factors(*chunks(torch.float64))
     factors = {}
     for i, name in enumerate(("q_start", "k_end", "M", "S_d")):
@@ -96,7 +101,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     p.add_argument("--norms", default="50,200")
-    p.add_argument("--ut", default="torch,triton,triton_saved", help="comma-separated UT routes")
+    p.add_argument("--ut", default="torch,triton,triton_saved,triton_16bit",
+                   help="comma-separated UT routes (triton_16bit: the fused one without fp32-level products)")
     p.add_argument("--seeds", default="0,1,2", help="input draws: whether rows saturate depends on the draw")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--factors", action="store_true", help="the UT factors of both routes instead of the op")
@@ -110,7 +116,7 @@ def main() -> None:
                     rows.append(factor_errors(DTYPES[name], norm, args.device, seed=seed))
                     for f, t in rows[-1]["factors"].items():
                         routes = "  ".join(f"{r} error {t[r]['error']:.3g} (max {t[r]['max_error']:.3g})"
-                                           for r in ("triton", "torch"))
+                                           for r in ("triton", "triton_16bit", "torch"))
                         print(f"{name} x{norm:g} seed {seed} {f:8s} true {t['true']:.3g}  {routes}", flush=True)
                     continue
                 for ut in args.ut.split(","):

@@ -132,7 +132,7 @@ def _bwd_heads(do, q, k, w, beta, v, gl, go, o, lse, tokens, chunk_first, chunk_
                scale, programs, config):
     """The backward for the heads given (all, or one group of kv heads with their query heads)."""
     # k̃ and M straight in the scan's dtype; A is kept for the UT backward below
-    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype), config)
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, _lowp(v.dtype), config, scale)
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks), config)
     vc = v if v_rows else gather_chunks(v, tokens, block)
     # the factors are this function's own: dq̃ and dS_d overwrite q̃ and S_d, and the UT backward consumes the
@@ -227,7 +227,7 @@ def _fused_forward(q, k, w, beta, v, gl, go, tokens, chunk_first, chunk_index, o
     """(o, lse, q̃, k̃, M, S_d, A, states): the UT forward and the scan; the scan keeps its carried query states
     when ``states_shape`` has rows, else states is None."""
     lowp = _lowp(v.dtype)
-    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, lowp, config)
+    qs, ks, m, sd, a = ut_forward(q, k, w, beta, tokens, block, lowp, config, scale)
     v_rows = v_in_token_rows(q.shape[3], v.shape[3], int(max_chunks), config)
     vc = v if v_rows else gather_chunks(v, tokens, block)
     states = None

@@ -193,15 +193,17 @@ def delta_pass(has_gate: bool, max_chunks: int, config: KernelConfig = DEFAULT) 
     return pick(config.delta_pass, has_gate and max_chunks >= 64)
 
 
-def _delta(do, o, rows=64, prec=None):
+def _delta(do, o, tok, n_tok, o_strides, H, NC, BT, prec):
     """δ = rowsum(dO ∘ o) in fp32, o's shape without its last dim (contiguous dO and o of one dtype), by the
-    Triton pass: ``rows`` at a time as the diagonal of a ``[rows, Dv] × [Dv, rows]`` product at precision
-    ``prec`` (default: exact fp32 for fp32 inputs, else "tf32", as the scan's dP). The scan passes its BT."""
+    Triton pass (``_delta_kernel``): per (chunk, head) as the diagonal of the scan's own ``[BT, Dv] × [Dv, BT]``
+    tile at the scan's precision ``prec``, the rows addressed as the scan addresses them (``tok``, ``n_tok``,
+    ``o_strides``: ``_o_rows``)."""
     DV = o.shape[-1]
-    prec = prec or ("ieee" if o.dtype == torch.float32 else "tf32")
+    so_t, so_h = o_strides
     delta = unwritten(o.shape[:-1], dtype=torch.float32, device=o.device)
-    n_rows = delta.numel()
-    _delta_kernel[(-(-n_rows // rows),)](do, o, delta, n_rows, DV=DV, ROWS=rows, PREC=prec, num_warps=4)
+    if NC:
+        _delta_kernel[(NC, H)](do, o, delta, tok, n_tok, so_t, so_h, so_t // DV, so_h // DV, BT=BT, DV=DV,
+                               PREC=prec, GATHER=n_tok != NC * BT, num_warps=4)
     return delta
 
 
@@ -236,7 +238,7 @@ def _scan_bwd_impl(do, qs, ks, v, m, sd, gl, go, o, lse, chunk_first, chunk_inde
     by_pass = by_sequence or delta_pass(gl is not None, int(max_chunks), cfg)
     # δ = rowsum(dO ∘ o) in o's shape without its last dim (so its strides are o's over DV), formed by a pass or
     # by the kernel (which then never reads DELTA: o stands in)
-    delta = _delta(do, o, BT, prec) if by_pass else o
+    delta = _delta(do, o, tok, n_tok, (so_t, so_h), H, NC, BT, prec) if by_pass else o
     dev = qs.device
     f32 = dict(dtype=torch.float32, device=dev)
     if into_inputs:

@@ -41,18 +41,26 @@ def _row_dots(do, o, rows, PREC: tl.constexpr):
 
 
 @triton.jit
-def _delta_kernel(DO, O, DELTA, n_rows, DV: tl.constexpr, ROWS: tl.constexpr, PREC: tl.constexpr):
-    """δ_r = dO_r · o_r (fp32) for ``ROWS`` rows of contiguous ``[n_rows, DV]`` dO and o (in their dtype): the
-    backward's row term, in one pass over both before the scan (when the scan does not form it itself;
-    ``scan.delta_pass``). ``ROWS`` = the scan's BT and ``PREC`` its precision, so that δ comes from the product
-    that forms dP (:func:`_row_dots`)."""
-    rows = tl.arange(0, ROWS)
-    r = tl.program_id(0).to(tl.int64) * ROWS + rows
-    col = tl.arange(0, DV)
-    valid = r < n_rows
-    do = tl.load(DO + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0)
-    o = tl.load(O + r[:, None] * DV + col[None, :], mask=valid[:, None], other=0.0)
-    tl.store(DELTA + r, _row_dots(do, o, rows, PREC), mask=valid)
+def _delta_kernel(DO, O, DELTA, TOK, NTOK, so_t, so_h, sdl_t, sdl_h, BT: tl.constexpr, DV: tl.constexpr,
+                  PREC: tl.constexpr, GATHER: tl.constexpr):
+    """δ_i = dO_i · o_i (fp32) of one (chunk n, head h): the backward's row term, in one pass over dO and o before
+    the scan (when the scan does not form it itself; ``scan.delta_pass``). The tile is the scan's own (its rows
+    addressed as the scan addresses them, ``_chunk_tokens``, each at its position in the chunk) and ``PREC`` the
+    scan's precision, so that δ comes from the product that forms dP (:func:`_row_dots`): a product's sum for a row
+    may depend on the row's position in the tile (BLAS under the interpreter blocks rows by position), so a tile
+    of other rows would not give dP's sums bit for bit."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    rows = tl.arange(0, BT)
+    vcol = tl.arange(0, DV)
+    tok, valid = _chunk_tokens(TOK, n, rows, BT, NTOK, GATHER)
+    do = _load_rows(DO + h * so_h, tok, valid, so_t, vcol, GATHER)
+    o = _load_rows(O + h * so_h, tok, valid, so_t, vcol, GATHER)
+    delta = _row_dots(do, o, rows, PREC)
+    if GATHER:
+        tl.store(DELTA + tok * sdl_t + h * sdl_h, delta, mask=valid)
+    else:
+        tl.store(DELTA + tok * sdl_t + h * sdl_h, delta)
 
 
 @triton.jit

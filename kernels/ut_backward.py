@@ -471,7 +471,8 @@ def ut_factors_triton(q, k, w, beta, layout, config=None):
     The kernels gather each chunk's rows, cast them to fp32 and normalise w, so no chunk-layout copy of the inputs
     is made or kept for the backward. Returns q̃ ``[H, NC, BT, D]``, k̃ ``[Hkv, NC, BT, D]``, M ``[Hkv, NC, D, D]``,
     S_d ``[H, NC, BT, BT]`` (fp32), as ``ut_factors(to_chunks(q), to_chunks(k), to_chunks(normalize(w)),
-    to_chunks(beta))``.
+    to_chunks(beta))``. Chunks whose logits at the scale 1/√D may exceed ``ut_forward.WIDE_LOGITS`` take
+    fp32-level products.
     """
     B, T = q.shape[:2]
     return _ut_fwd(q, k, w, beta, slot_tokens(layout, B, T), layout.chunk, config_id(config))

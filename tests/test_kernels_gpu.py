@@ -398,16 +398,17 @@ def test_poisoned_sequence_leaves_the_others_alone(dtype, ut, layout, poison):
 
 
 @pytest.mark.parametrize("norm", [50, 200], ids=["x50", "x200"])
-@pytest.mark.parametrize("ut", ["torch", "triton", "triton_saved"], ids=["ut-torch", "ut-triton", "ut-triton-saved"])
+@pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
 def test_bf16_large_query_and_key_norms(ut, norm):
-    """bf16 q, k scaled ×50 and ×200 (PaTH-FoX, B = 2 so the saving route's backward runs by sequence), every
-    gradient against the fp64 reference. The softmax rows saturate, so the true dq, dk, dw, dβ, dg are ~0, and
-    the errors are measured against the scale of the same gradient at norm 1 (its fp64 RMS): a δ that rounds
-    apart from dP gave them at a few percent of it at ×200 (``scan_backward_by_chunk``, "δ"; on the CPU in fp16 dβ came out
-    at 1.2 of the floor of ``test_kernels.rel_rms``, now 1e-100). At ×50 the logits (≈ 2500) are rounded by the
-    carried states' fp16 significand in rows whose gap is a few tens of nats, so the bound there is loose. o and
-    dv are checked loosely: with logits of 4e4 at ×200, a tie within the states' rounding (~10) may pick the
-    other key of a row."""
+    """bf16 q, k scaled ×50 and ×200 (PaTH-FoX, B = 2 so the saving route's backward runs by sequence), o and every
+    gradient against the fp64 reference, each error as a fraction of max(the true value's RMS, its RMS at norm 1):
+    the true gradients are not ~0 (at ×50 dw is tens to a thousand times its scale at norm 1), and logits of
+    |q|·|k|/√D ≈ 2500 and 4·10⁴ are resolved by the carried states' bf16 significand, so no route is exact. The
+    fused UT routes must add nothing to what the PyTorch UT route (fp32 products) leaves: at most 1.5 times its
+    error plus 0.005. With 16-bit UT products everywhere they left dq, dk, dw, dβ at 0.9 of that scale at ×50 and
+    dw at 11 at ×200 (the intra-chunk logits S_d off by some 10 nats); chunks of large |q|·|k| now take fp32-level
+    products (``ut_forward``)."""
+
     from pathlab.kernels import path_attention_triton
     from pathlab.reference import path_attention as reference
 
@@ -415,19 +416,23 @@ def test_bf16_large_query_and_key_norms(ut, norm):
     q, k, v, w, beta, g = inputs(B, T, H, Hkv, D, gate=True, seed=7)
     do = torch.randn(B, T, H, D, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8)).bfloat16()
     big = [(q.float() * norm).bfloat16(), (k.float() * norm).bfloat16(), v, w, beta, g]
-    got = grads_of(lambda *xs: path_attention_triton(*xs, ut=ut), big, do)
     want = grads_of(lambda *xs: reference(*xs), [x.double() for x in big], do.double())
     unit = grads_of(lambda *xs: reference(*xs), [x.double() for x in (q, k, v, w, beta, g)], do.double())
     names = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
-    tol = {"o": 5e-2, "dv": 5e-2} | {n: (1e-3 if norm == 200 else 2e-2) for n in ("dq", "dk", "dw", "dbeta", "dg")}
-    errs = {}
-    for name, a, b, u in zip(names, got, want, unit):
-        assert torch.isfinite(a).all(), name
-        scale = u.double().pow(2).mean().sqrt()
-        errs[name] = float((a.double() - b).pow(2).mean().sqrt() / max(scale, b.double().pow(2).mean().sqrt()))
-    print(f"bf16 ×{norm} ut={ut}: " + " ".join(f"{n} {e:.2e}" for n, e in errs.items()))
-    bad = {n: e for n, e in errs.items() if not e <= tol[n]}
-    assert not bad, f"errors above {tol}: {bad}"
+
+    def errors(route):
+        got = grads_of(lambda *xs: path_attention_triton(*xs, ut=route), big, do)
+        out = {}
+        for name, a, b, u in zip(names, got, want, unit):
+            assert torch.isfinite(a).all(), (route, name)
+            scale = max(u.double().pow(2).mean().sqrt(), b.double().pow(2).mean().sqrt())
+            out[name] = float((a.double() - b).pow(2).mean().sqrt() / scale)
+        return out
+
+    fused, torch_route = errors(ut), errors("torch")
+    print(f"bf16 ×{norm} ut={ut}: " + " ".join(f"{n} {fused[n]:.2e} (torch {torch_route[n]:.2e})" for n in names))
+    bad = {n: (fused[n], torch_route[n]) for n in names if not fused[n] <= 1.5 * torch_route[n] + 5e-3}
+    assert not bad, f"fused route's errors above 1.5 × the PyTorch UT route's + 0.005: {bad}"
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])

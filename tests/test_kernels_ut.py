@@ -413,9 +413,12 @@ def test_inverse_gradient_steps_script_is_right_under_the_interpreter(tmp_path):
 
 
 def test_large_norm_factor_script_separates_the_routes():
-    """``benchmarks/large_norm_errors.py --factors`` at a small size under the interpreter: with fp16 inputs the
-    fused route's factors carry its 11-bit products (about 2⁻¹¹ of their size), the PyTorch route's fp32 ones,
-    and S_d's error grows with |q|·|k| (×50: 2500 times the size of the logits at norm 1), as the docs state."""
+    """``benchmarks/large_norm_errors.py --factors`` at a small size under the interpreter, fp16 inputs. With 16-bit
+    products everywhere (``triton_16bit``) the fused factors carry 11-bit products (about 2⁻¹¹ of their size) and
+    S_d's error grows with |q|·|k| (×50: over 1000 times its error at norm 1), the defect the split products
+    remove; the fused route as it runs takes them at ×50 (q̃, k̃, S_d at fp32 level, as the PyTorch route) and not
+    at norm 1 (the same factors as ``triton_16bit``, bit for bit). M does not grow with |q|·|k| and keeps the 16-bit
+    products."""
     import importlib.util
     import pathlib
 
@@ -423,12 +426,38 @@ def test_large_norm_factor_script_separates_the_routes():
     spec = importlib.util.spec_from_file_location("large_norm_errors", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    rows = [script.factor_errors(torch.float16, norm, "cpu", shape=(1, 40, 2, 1, 16), chunk=16) for norm in (1, 50)]
-    for row in rows:
-        for name, f in row["factors"].items():
-            assert f["torch"]["error"] < 1e-5 * f["true"] < f["triton"]["error"] < 2e-3 * f["true"], (name, f)
-    s_d = [row["factors"]["S_d"]["triton"]["error"] for row in rows]
-    assert s_d[1] > 1000 * s_d[0]
+    unit, large = (script.factor_errors(torch.float16, norm, "cpu", shape=(1, 40, 2, 1, 16), chunk=16)["factors"]
+                   for norm in (1, 50))
+    for name, f in unit.items():
+        assert f["torch"]["error"] < 1e-5 * f["true"] < f["triton_16bit"]["error"] < 2e-3 * f["true"], (name, f)
+        assert f["triton"] == f["triton_16bit"], (name, f)
+    assert large["S_d"]["triton_16bit"]["error"] > 1000 * unit["S_d"]["triton_16bit"]["error"]
+    for name in ("q_start", "k_end", "S_d"):
+        f = large[name]
+        assert f["triton"]["error"] < 1e-5 * f["true"] < f["triton_16bit"]["error"], (name, f)
+    assert large["M"]["triton"] == large["M"]["triton_16bit"]
+
+
+def test_split_products_per_query_head():
+    """Grouped heads (two query heads per kv head), fp16, only head 0's q scaled ×100: head 0 gets q̃ and S_d at
+    fp32 level and the kv head's k̃ too (one of its heads is large), while head 1 keeps the 16-bit products, bit for
+    bit those of ``KernelConfig(ut_split_logits=False)``; pinned on (``True``) every factor but M is at fp32 level
+    at norm 1 as well."""
+    q, k, w, beta = token_inputs(1, 50, 2, 1, 32, (0.0, 2.0), seed=3, dtype=torch.float16)
+    q = torch.cat([(q[:, :, :1].float() * 100).half(), q[:, :, 1:]], dim=2)
+    layout = build_layout(1, 50, 16, "cpu")
+    with torch.no_grad():
+        want = pytorch_route(q, k, w, beta, layout)
+        got = ut_factors_triton(q, k, w, beta, layout)
+        off = ut_factors_triton(q, k, w, beta, layout, KernelConfig(ut_split_logits=False))
+        on_unit = ut_factors_triton(q[:, :, 1:], k, w, beta, layout, KernelConfig(ut_split_logits=True))
+        want_unit = pytorch_route(q[:, :, 1:], k, w, beta, layout)
+    for i in (0, 3):  # q̃, S_d
+        assert rel_rms(got[i][0], want[i][0]) < 1e-6 < rel_rms(off[i][0], want[i][0])
+        assert torch.equal(got[i][1], off[i][1])
+        assert rel_rms(on_unit[i], want_unit[i]) < 1e-6 < rel_rms(off[i][1:], want[i][1:])
+    assert rel_rms(got[1], want[1]) < 1e-6 < rel_rms(off[1], want[1])
+    assert torch.equal(got[2], off[2])
 
 
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
