@@ -102,7 +102,8 @@ def test_live_tensor_bytes_counts_what_ops_make_until_it_is_freed():
 
 def test_live_tensor_bytes_opens_a_custom_op():
     """A custom op's own buffers are unseen unless its Python implementation runs under the meter: the fused UT
-    forward's inverse A (``[Hkv, NC, BT, BT]`` fp32) is freed inside, so only the opened op shows it at the peak."""
+    forward's inverse A (``[Hkv, NC, BT, BT]`` fp32) and its chunks' bounds (``[H, NC]`` fp32) are freed inside, so
+    only the opened op shows them at the peak."""
     from pathlab.kernels import ut_backward as _triton_ut
     from pathlab.kernels.layout import build_layout, slot_tokens
 
@@ -113,6 +114,7 @@ def test_live_tensor_bytes_opens_a_custom_op():
     NC = tokens.numel() // BT
     factors = 4 * H * NC * (2 * BT * D + D * D + BT * BT)  # q̃, k̃, M, S_d in fp32
     inverse = 4 * H * NC * BT * BT
+    bounds = 4 * H * NC
     with LiveTensorBytes() as closed:
         out = torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, BT)
         assert closed.peak == closed.live == factors
@@ -120,7 +122,7 @@ def test_live_tensor_bytes_opens_a_custom_op():
     with LiveTensorBytes(inside={"pathlab::path_ut_fwd": _triton_ut._ut_fwd_impl}, collect=True) as opened:
         out = torch.ops.pathlab.path_ut_fwd(q, k, w, beta, tokens, BT)
         gc.collect()  # the interpreter's reference cycles, as collect=True does before each op
-        assert opened.live == factors and opened.peak == factors + inverse
+        assert opened.live == factors and opened.peak == factors + inverse + bounds
     assert len(out) == 4
 
 
