@@ -32,7 +32,7 @@ class KernelConfig:
     ut_half: bool | None = None  # UT products on scaled fp16 operands (else tf32)
     ut_scratch16: bool | None = None  # the three-kernel UT backward's scratch as scaled fp16
     gram16: bool | None = None  # the inverse's W Wᵀ in one pass on 16-bit rows
-    ut_split_logits: bool | None = None  # q̃, k̃, S_d from fp32-level products in every chunk / none (else large |q|·|k|)
+    ut_split_logits: bool | None = None  # q̃, k̃, S_d by fp32-level products in all chunks / none (else large |q|·|k|)
 
     def __post_init__(self):
         for name in ("fwd_launch", "bwd_launch", "by_sequence_launch", "decode_attend", "short_conv_tile"):
