@@ -2,6 +2,7 @@
 of docs/theory.md."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -173,6 +174,10 @@ def test_bound_helpers():
     assert bounds.far_mass_lower_bound(l_max - 96, 64, 3.0) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="eps"):
         bounds.max_safe_length(1.0, 64, 3.0, 96)
+    with warnings.catch_warnings():  # unbounded logits (ALiBi, FoX): λ in the hundreds gives +inf, no overflow
+        warnings.simplefilter("error")
+        huge = bounds.max_safe_length(0.5, np.array([64.0, 64.0]), np.array([3.0, 400.0]), 96)
+    assert huge[0] == pytest.approx(l_max) and huge[1] == np.inf
     with pytest.raises(ValueError, match="distribution"):
         bounds.simulate_bounded_logits(10, 2, 1.0, 1, distribution="normal")
 

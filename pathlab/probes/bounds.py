@@ -37,12 +37,20 @@ def logistic(z) -> np.ndarray:
 
 
 def max_safe_length(eps, k_near, lam, window) -> np.ndarray:
-    """L_max(ε) = W + ε/(1 − ε) · K e^{2λ}: beyond it the bound forces far mass ≥ ε."""
+    """L_max(ε) = W + ε/(1 − ε) · K e^{2λ}: beyond it the bound forces far mass ≥ ε.
+
+    The term is formed in log space: where it exceeds the largest float64 (λ of a few hundred, as ALiBi's and
+    FoX's unbounded logits give) L_max is +inf, the bound forcing nothing at any length.
+    """
     eps = np.asarray(eps, dtype=np.float64)
     if np.any((eps <= 0) | (eps >= 1)):
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
-    return np.asarray(window, np.float64) + eps / (1.0 - eps) * np.asarray(k_near, np.float64) * np.exp(
-        2.0 * np.asarray(lam, np.float64))
+    with np.errstate(divide="ignore"):
+        log_term = (np.log(eps) - np.log1p(-eps) + np.log(np.asarray(k_near, np.float64))
+                    + 2.0 * np.asarray(lam, np.float64))
+    finite = log_term < np.log(np.finfo(np.float64).max)
+    term = np.where(finite, np.exp(np.where(finite, log_term, 0.0)), np.inf)
+    return np.asarray(window, np.float64) + term
 
 
 def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
