@@ -37,7 +37,8 @@ def _study(rng):
     results = {}
     for name, ntk in (("rope", True), ("w16", False)):
         cell = {"tokens": 50003968, "iterations": 1526, "git_revision": f"{rng.integers(1 << 60):040x}",
-                "seconds": {"train_s": 200.4, "eval_s": 53.6, "probes_s": 33.2}}
+                "seconds": {"train_s": 200.4, "eval_s": 53.6, "probes_s": 33.2},
+                "environment": {"gpu": "NVIDIA H100 80GB HBM3"} if name == "w16" else {}}
         results[name] = {"cell": cell, "eval": _eval(rng, ntk=ntk)}
     return study, results
 
@@ -52,7 +53,8 @@ def test_tables_read_every_number_from_the_cell_files():
     assert [line.split(" | ")[0] for line in cells[2:]] == ["| rope", "| w16"]  # alibi has no results: no row
     cell, ev = results["w16"]["cell"], results["w16"]["eval"]
     assert cells[3] == (f"| w16 | 50.0M | 1526 | {ev['lengths']['512']['loss']:.3f} | {_fmt(ev['lengths']['8192'])} | "
-                        f"{_fmt(ev['lengths']['65536'])} | 200 / 54 / 33 | {cell['git_revision'][:7]} |")
+                        f"{_fmt(ev['lengths']['65536'])} | 200 / 54 / 33 | H100 | {cell['git_revision'][:7]} |")
+    assert cells[2].endswith(f"| CPU | {results['rope']['cell']['git_revision'][:7]} |")  # no GPU recorded
 
     head = tables.render(study, "headline", results).splitlines()
     assert head[0].startswith("| cell | r(2K) | r(8K) | r(32K) | r(65K) |") and head[0].endswith("published |")

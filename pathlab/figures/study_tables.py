@@ -48,11 +48,20 @@ def _revision(cell: dict) -> str:
     return rev[:7] + ("-dirty" if rev.endswith("-dirty") else "")
 
 
+def _card(cell: dict) -> str:
+    """The accelerator a cell ran on, as the ledger names it ("NVIDIA H100 80GB HBM3" -> "H100"), or "CPU"."""
+    gpu = cell.get("environment", {}).get("gpu")
+    if not gpu:
+        return "CPU"
+    found = re.search(r"\b[A-Z]\d{2,4}\b", gpu)
+    return found.group(0) if found else gpu
+
+
 def cells_table(study: dict, results: dict) -> str:
-    """The ledger's table: one row per cell with results, in the study's order."""
+    """The ledger's table: one row per cell with results, in the study's order. Stage times depend on the card."""
     head = ("| cell | tokens | iterations | loss at 512 | r(8K) [95%] | r(65K) [95%] | "
-            "stage times (s): train / eval / probes | code |")
-    rows = [head, "|" + "---|" * 8]
+            "stage times (s): train / eval / probes | card | code |")
+    rows = [head, "|" + "---|" * 9]
     for name in study["cells"]:
         entry = results.get(name)
         if entry is None:
@@ -62,7 +71,7 @@ def cells_table(study: dict, results: dict) -> str:
         times = " / ".join(f"{s[k]:.0f}" if k in s else "—" for k in ("train_s", "eval_s", "probes_s"))
         rows.append(f"| {name} | {cell['tokens'] / 1e6:.1f}M | {cell['iterations']} | "
                     f"{ev['lengths'][str(ev['train_length'])]['loss']:.3f} | {ratio_text(ev, 8192)} | "
-                    f"{ratio_text(ev, 65536)} | {times} | {_revision(cell)} |")
+                    f"{ratio_text(ev, 65536)} | {times} | {_card(cell)} | {_revision(cell)} |")
     return "\n".join(rows)
 
 
