@@ -82,6 +82,35 @@ def test_a_failing_flex_attention_falls_back_loudly(monkeypatch):
     assert len(calls) == 1
 
 
+def test_flex_attention_stays_compiled_across_many_shapes():
+    """An evaluation calls FlexAttention at many (B, T): past the compiler's recompile limit (8 shapes) a
+    static-shape compile runs ``flex_attention`` unfused, on the full B·H·T² scores (which at 65K tokens no GPU
+    holds). Ten shapes on the CPU stay compiled and match the chunked bias SDPA."""
+    import warnings
+
+    from pathlab.ops.positions import alibi_slopes
+
+    H = 2
+    slopes = alibi_slopes(H)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
+
+    def bias_fn(i, j):
+        return -slopes[None, :, None, None] * (i[:, None] - j[None, :]).float()
+
+    gen = torch.Generator().manual_seed(3)
+    for B, T in [(2, 128), (1, 256), (4, 128), (1, 512), (2, 256), (8, 128), (1, 1024), (3, 128), (1, 2048),
+                 (2, 200)]:
+        q, k, v = (torch.randn(B, T, H, 16, generator=gen) for _ in range(3))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = softmax_ops._flex(q, k, v, 0.25, score_mod)
+        unfused = [str(w.message)[:80] for w in caught if "without torch.compile" in str(w.message)]
+        assert not unfused, (B, T, unfused)
+        assert rel_err(out, softmax_ops._chunked_bias_sdpa(q, k, v, 0.25, bias_fn)) < 1e-5, (B, T)
+
+
 @pytest.mark.parametrize("T", [1, 100, 128, 300, 1000])
 def test_causal_block_mask_is_the_causal_mask(T):
     """The block mask built from its block structure equals create_block_mask's and attends causally."""

@@ -147,9 +147,15 @@ def _causal_block_mask(T: int, device: str, block: int = FLEX_BLOCK):
 
 @functools.lru_cache(maxsize=1)
 def _compiled_flex():
+    """FlexAttention compiled for the first shape it meets, and with symbolic batch and length once a second comes.
+
+    Compiled with static shapes only, every new (B, T) recompiles, and past the compiler's recompile limit (8)
+    ``flex_attention`` runs unfused, materialising the B·H·T² scores: an evaluation over eight lengths and two batch
+    sizes got there, and at T = 65,536 with 12 heads that is 96 GiB.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)
 
 
 def _flex(q, k, v, scale, score_mod):
