@@ -176,8 +176,8 @@ def test_bound_helpers():
         bounds.max_safe_length(1.0, 64, 3.0, 96)
     with warnings.catch_warnings():  # unbounded logits (ALiBi, FoX): λ in the hundreds gives +inf, no overflow
         warnings.simplefilter("error")
-        huge = bounds.max_safe_length(0.5, np.array([64.0, 64.0]), np.array([3.0, 400.0]), 96)
-    assert huge[0] == pytest.approx(l_max) and huge[1] == np.inf
+        huge = bounds.max_safe_length(0.5, np.array([64.0, 64.0, 64.0]), np.array([3.0, 400.0, np.nan]), 96)
+    assert huge[0] == pytest.approx(l_max) and huge[1] == np.inf and np.isnan(huge[2])
     with pytest.raises(ValueError, match="distribution"):
         bounds.simulate_bounded_logits(10, 2, 1.0, 1, distribution="normal")
 

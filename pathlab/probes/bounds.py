@@ -48,8 +48,8 @@ def max_safe_length(eps, k_near, lam, window) -> np.ndarray:
     with np.errstate(divide="ignore"):
         log_term = (np.log(eps) - np.log1p(-eps) + np.log(np.asarray(k_near, np.float64))
                     + 2.0 * np.asarray(lam, np.float64))
-    finite = log_term < np.log(np.finfo(np.float64).max)
-    term = np.where(finite, np.exp(np.where(finite, log_term, 0.0)), np.inf)
+    log_max = np.log(np.finfo(np.float64).max)
+    term = np.where(log_term > log_max, np.inf, np.exp(np.minimum(log_term, log_max)))  # a NaN λ stays NaN
     return np.asarray(window, np.float64) + term
 
 
