@@ -4,11 +4,12 @@ q and k are scaled by ``--norms`` (PaTH-FoX, grouped heads, β ∈ [1.5, 2], the
 ``tests/test_kernels_gpu.py::test_bf16_large_query_and_key_norms``), rounded to ``--dtype``, and the op's output
 and every gradient are compared with the fp64 reference on the same rounded inputs, for several input draws
 (``--seeds``). Per tensor a row records the RMS of the op's value, of the true (fp64) value, of the true value at
-norm 1 (the scale that test divides by) and of the error. That separates the op's error from the size of the true
+norm 1 (the scale that test divides by) and of the error, and the share of the squared error held by its worst row. That separates the op's error from the size of the true
 gradient: a saturated row (o_i = v_j*) has gradients ~0, but a row whose two largest logits differ by less than a
 few tens of nats does not saturate, and one whose gap is near the logits' rounding (|q|·|k|/√D times the carried
 states' 2⁻¹¹ for 16-bit inputs) gets softmax weights, and so gradients, of the wrong size. How many rows lie near
-such a gap depends on the draw.
+such a gap, and how each route's rounding falls on them, depends on the draw: at ×200 one row can hold all of a
+gradient's error, so routes are compared over several draws.
 
 ``--factors`` measures one step earlier, where the UT routes differ: the factors q̃, k̃, M and the intra-chunk
 logits S_d (reported over √D, in nats) of the fused Triton UT transform as it runs (``triton``: chunks of large
@@ -45,6 +46,15 @@ def rms(t: torch.Tensor) -> float:
     return float(t.double().pow(2).mean().sqrt())
 
 
+def worst_row_share(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest fraction of the squared error that one row holds: rows are (b, t, head) for ``[B, T, heads, D]``
+    tensors, single elements for β and g. Near 1 when one near-tie row carries the error."""
+    err = (got.double() - want).pow(2)
+    err = err.sum(-1) if err.dim() == 4 else err
+    total = float(err.sum())
+    return float(err.max()) / total if total > 0 else 0.0
+
+
 def draw_inputs(shape, device: str, seed: int):
     """(q, k, v, w, β, g, generator) at norm 1 in fp32 (PaTH-FoX, β ∈ [1.5, 2]); the generator draws dO next."""
     B, T, H, Hkv, D = shape
@@ -64,7 +74,8 @@ def measure(dtype, norm: float, ut: str, device: str, seed: int = 0, shape=(2, 1
     got = grads_of(lambda *xs: path_attention_triton(*xs, **route), big, do)
     want = grads_of(reference, [x.double() for x in big], do.double())
     at_one = grads_of(reference, [x.double() for x in unit], do.double())
-    tensors = {n: {"op": rms(a), "true": rms(b), "unit": rms(u), "error": rms(a.double() - b)}
+    tensors = {n: {"op": rms(a), "true": rms(b), "unit": rms(u), "error": rms(a.double() - b),
+                   "worst_row_share": worst_row_share(a, b)}
                for n, a, b, u in zip(NAMES, got, want, at_one)}
     return {"dtype": str(dtype).removeprefix("torch."), "norm": norm, "ut": ut, "seed": seed, "shape": list(shape),
             "tensors": tensors}
@@ -124,8 +135,10 @@ def main() -> None:
                     rows.append(row)
                     err = " ".join(f"{n} {t['error'] / max(t['unit'], t['true']):.2e}" for n, t in row["tensors"].items())
                     true = " ".join(f"{n} {t['true'] / t['unit']:.2g}" for n, t in row["tensors"].items() if n != "o")
+                    worst = " ".join(f"{n} {t['worst_row_share']:.2f}" for n, t in row["tensors"].items())
                     print(f"{name} x{norm:g} seed {seed} ut={ut}: error/scale {err}\n"
-                          f"    true gradient / its scale at norm 1: {true}", flush=True)
+                          f"    true gradient / its scale at norm 1: {true}\n"
+                          f"    share of the squared error in the worst row: {worst}", flush=True)
     if args.out:
         device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (TRITON_INTERPRET=1)"
         with open(args.out, "w") as f:

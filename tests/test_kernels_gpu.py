@@ -5,6 +5,8 @@ PyTorch algorithm in fp64 beyond), as the public kernel passes them with bf16 in
 o ≤ 5e-3, dq/dk/dv ≤ 8e-3, dw ≤ 1.5e-2, dβ/dg ≤ 2e-2.
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -401,38 +403,56 @@ def test_poisoned_sequence_leaves_the_others_alone(dtype, ut, layout, poison):
 @pytest.mark.parametrize("ut", ["triton", "triton_saved"], ids=["ut-triton", "ut-triton-saved"])
 def test_bf16_large_query_and_key_norms(ut, norm):
     """bf16 q, k scaled ×50 and ×200 (PaTH-FoX, B = 2 so the saving route's backward runs by sequence), o and every
-    gradient against the fp64 reference, each error as a fraction of max(the true value's RMS, its RMS at norm 1):
-    the true gradients are not ~0 (at ×50 dw is tens to a thousand times its scale at norm 1), and logits of
-    |q|·|k|/√D ≈ 2500 and 4·10⁴ are resolved by the carried states' bf16 significand, so no route is exact. The
-    fused UT routes must add nothing to what the PyTorch UT route (fp32 products) leaves: at most 1.5 times its
-    error plus 0.005. With 16-bit UT products everywhere they left dq, dk, dw, dβ at 0.9 of that scale at ×50 and
-    dw at 11 at ×200 (the intra-chunk logits S_d off by some 10 nats); chunks of large |q|·|k| now take fp32-level
-    products (``ut_forward``)."""
+    gradient against the fp64 reference, each error as a fraction of max(the true value's RMS, its RMS at norm 1),
+    over six input draws. Logits of |q|·|k|/√D ≈ 2500 and 4·10⁴ nats are resolved by the carried states' 16-bit
+    significand, so no route is exact, and at ×200 every row saturates except a few near-ties (top two logits a few
+    nats apart) that carry all of the gradients: one query row holds all of dq's error in each fp16 draw on the CPU
+    (``benchmarks/large_norm_errors.py`` reports that share), and how large it is on each route depends on how that
+    row's rounding falls. The fused routes' error over the PyTorch UT route's (fp32 products) so spans 0.2 to 1.8
+    across draws, both ways: one draw cannot separate a bias from that spread, the geometric mean over draws can.
+    The fused UT routes must add nothing systematic: for each tensor, the geometric mean over the draws of
+    (error + 0.005) / (the PyTorch route's error + 0.005) at most 1.5. The control that must fail it: 16-bit UT
+    products in every chunk (``ut_split_logits=False``), which left dq, dk, dw, dβ at 0.9 of their scale at ×50 and
+    dw at 11 at ×200 (the intra-chunk logits S_d off by some 10 nats)."""
 
     from pathlab.kernels import path_attention_triton
     from pathlab.reference import path_attention as reference
 
     B, T, H, Hkv, D = 2, 128, 4, 2, 64
-    q, k, v, w, beta, g = inputs(B, T, H, Hkv, D, gate=True, seed=7)
-    do = torch.randn(B, T, H, D, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8)).bfloat16()
-    big = [(q.float() * norm).bfloat16(), (k.float() * norm).bfloat16(), v, w, beta, g]
-    want = grads_of(lambda *xs: reference(*xs), [x.double() for x in big], do.double())
-    unit = grads_of(lambda *xs: reference(*xs), [x.double() for x in (q, k, v, w, beta, g)], do.double())
     names = ["o", "dq", "dk", "dv", "dw", "dbeta", "dg"]
+    routes = {"fused": dict(ut=ut), "torch": dict(ut="torch"),
+              "16-bit": dict(ut="triton", config=KernelConfig(ut_split_logits=False))}
+    log_ratios = {"fused": {n: [] for n in names}, "16-bit": {n: [] for n in names}}
+    for seed in range(7, 13):
+        q, k, v, w, beta, g = inputs(B, T, H, Hkv, D, gate=True, seed=seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed + 100)
+        do = torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
+        big = [(q.float() * norm).bfloat16(), (k.float() * norm).bfloat16(), v, w, beta, g]
+        want = grads_of(lambda *xs: reference(*xs), [x.double() for x in big], do.double())
+        unit = grads_of(lambda *xs: reference(*xs), [x.double() for x in (q, k, v, w, beta, g)], do.double())
+        errors = {}
+        for route, kwargs in routes.items():
+            got = grads_of(lambda *xs: path_attention_triton(*xs, **kwargs), big, do)
+            errors[route] = {}
+            for name, a, b, u in zip(names, got, want, unit):
+                assert torch.isfinite(a).all(), (route, name, seed)
+                scale = max(u.double().pow(2).mean().sqrt(), b.double().pow(2).mean().sqrt())
+                errors[route][name] = float((a.double() - b).pow(2).mean().sqrt() / scale)
+        print(f"bf16 ×{norm} ut={ut} draw {seed}: " + " ".join(
+            f"{n} {errors['fused'][n]:.2e} (torch {errors['torch'][n]:.2e}, 16-bit {errors['16-bit'][n]:.2e})"
+            for n in names))
+        for route, ratios in log_ratios.items():
+            for n in names:
+                ratios[n].append(math.log((errors[route][n] + 5e-3) / (errors["torch"][n] + 5e-3)))
 
-    def errors(route):
-        got = grads_of(lambda *xs: path_attention_triton(*xs, ut=route), big, do)
-        out = {}
-        for name, a, b, u in zip(names, got, want, unit):
-            assert torch.isfinite(a).all(), (route, name)
-            scale = max(u.double().pow(2).mean().sqrt(), b.double().pow(2).mean().sqrt())
-            out[name] = float((a.double() - b).pow(2).mean().sqrt() / scale)
-        return out
+    def mean_ratios(route):
+        return {n: math.exp(sum(r) / len(r)) for n, r in log_ratios[route].items()}
 
-    fused, torch_route = errors(ut), errors("torch")
-    print(f"bf16 ×{norm} ut={ut}: " + " ".join(f"{n} {fused[n]:.2e} (torch {torch_route[n]:.2e})" for n in names))
-    bad = {n: (fused[n], torch_route[n]) for n in names if not fused[n] <= 1.5 * torch_route[n] + 5e-3}
-    assert not bad, f"fused route's errors above 1.5 × the PyTorch UT route's + 0.005: {bad}"
+    fused, control = mean_ratios("fused"), mean_ratios("16-bit")
+    print(f"geometric means over the draws of (error + 0.005) / (PyTorch route's + 0.005): fused {fused}, "
+          f"16-bit {control}")
+    assert all(r <= 1.5 for r in fused.values()), f"fused route above 1.5 × the PyTorch UT route's error: {fused}"
+    assert not all(r <= 1.5 for r in control.values()), f"the 16-bit control passed the same check: {control}"
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "path_fox"])

@@ -612,3 +612,23 @@ def test_scan_backward_into_its_inputs_needs_fp32_factors():
         _scan_bwd_impl(torch.zeros(H, NC, BT, D), qs, qs, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, D, D), sd,
                        None, None, torch.zeros(H, NC, BT, D), torch.zeros(H, NC, BT), None, None, None, NC, 1.0, 0,
                        into_inputs=True)
+
+
+def test_worst_row_share_finds_the_row_that_holds_the_error():
+    """``benchmarks/large_norm_errors.py``'s worst-row share: 1 when one (b, t, head) row holds all of the error,
+    1/rows when every row holds the same, per element for ``[B, T, heads]`` tensors (β, g), 0 without error."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "large_norm_errors.py"
+    spec = importlib.util.spec_from_file_location("large_norm_errors", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    want = torch.randn(2, 5, 3, 4, dtype=torch.float64)
+    one = want.clone()
+    one[1, 2, 0] += 1e-3 * torch.randn(4, dtype=torch.float64)
+    assert script.worst_row_share(one, want) == pytest.approx(1.0)
+    assert script.worst_row_share(want + 1e-3, want) == pytest.approx(1 / 30)
+    gates = torch.zeros(2, 5, 3, dtype=torch.float64)
+    assert script.worst_row_share(gates + 1.0, gates) == pytest.approx(1 / 30)
+    assert script.worst_row_share(want.float(), want.float().double()) == 0.0
