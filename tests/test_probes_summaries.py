@@ -89,6 +89,19 @@ def test_far_mass_rise_follows_the_numbers(cells):
     assert claims["rope_far_mass_rises_with_length"] is False
 
 
+def test_a_near_zero_far_mass_drifting_up_does_not_rise(cells):
+    """The negative control of the rise claim: a far mass that rises at every step but stays near zero (ALiBi's
+    0.008 to 0.014 at the paper's shape) does not count as rising; a rise of 0.06 from 0.2 does."""
+    drift = copy.deepcopy(cells)
+    for c, rho in (("rope", (0.008, 0.014)), ("rot_random_qk", (0.2, 0.26))):
+        for L, value in zip((64, 256), rho):
+            drift[c]["record"][f"L{L}"]["heads"]["far_mass"][:] = value
+    _, claims, _ = summaries.far_mass_summary(drift, width=8)
+    assert claims["rope_far_mass_rises_with_length"] is False
+    assert claims["rot_random_qk_far_mass_rises_with_length"] is True
+    assert summaries.far_mass_summary(drift, width=8, min_rise=0.0)[1]["rope_far_mass_rises_with_length"] is True
+
+
 def test_prediction_claim_undefined_without_predictable_heads_and_false_when_off(cells):
     none = copy.deepcopy(cells)
     none["rope"]["record"]["gap_hat"][:] = np.nan
