@@ -187,6 +187,35 @@ def test_rho_s_vanishing_can_fail(cells):
     _, claims, _ = summaries.learned_summary(fake, width=8)
     assert claims["rot_random_qk_rho_s_vanishes_beyond_window"] is True
     assert claims["rope_rho_s_vanishes_beyond_window"] is False
+    fake["rot_random_qk"]["record"]["L256"]["rho_s_far_median"] = np.array([0.6, 0.6, 0.6])
+    assert summaries.learned_summary(fake, width=8)[1]["rot_random_qk_rho_s_vanishes_beyond_window"] is False
+
+
+def test_rho_s_vanishing_is_undecided_where_the_control_passes_too(cells):
+    """RoPE's ρ_s dephases: where it vanishes too, the mixing cells' claims are None (RoPE keeps its verdict), and
+    without a control cell they are None as well."""
+    fake = copy.deepcopy(cells)
+    for c in ("rot_random_qk", "rope"):
+        fake[c]["record"]["L256"]["rho_s_far_median"] = np.array([0.02, 0.02, 0.02])
+    data, claims, _ = summaries.learned_summary(fake, width=8)
+    assert claims["rot_random_qk_rho_s_vanishes_beyond_window"] is None
+    assert claims["rope_rho_s_vanishes_beyond_window"] is True
+    assert data["controls_rejected"] == {"rho_s_vanishes_beyond_window": False}
+    alone = {c: fake[c] for c in ("rot_random_qk", "rot_random_qkv")}
+    assert summaries.learned_summary(alone, width=8)[1]["rot_random_qk_rho_s_vanishes_beyond_window"] is None
+
+
+def test_which_variants_mix():
+    """PaTH and accumulated rotations mix; RoPE, NoPE, ALiBi and FoX do not, nor random rotations of dispersion 0
+    (RoPE's angles at every step)."""
+    from pathlab.attention.registry import attention_class, attention_settings
+
+    def mixes(name, **kw):
+        return attention_class(name).mixes(**attention_settings(name, **kw))
+
+    assert all(mixes(n) for n in ("path", "path_fox", "rot_random_qk", "rot_random_qkv", "rot_learned_qk"))
+    assert not any(mixes(n) for n in ("rope", "nope", "alibi", "fox"))
+    assert not mixes("rot_random_qk", dispersion=0.0) and mixes("rot_random_qk", window=64)
 
 
 def test_extrapolation_claims_follow_the_numbers(cells):

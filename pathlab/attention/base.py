@@ -60,6 +60,13 @@ class PositionalAttention(nn.Module):
     #: options that rerun the variant on its plain-PyTorch path after a fast kernel failed (the task suite's retry)
     fallback_options: dict = {}
 
+    @classmethod
+    def mixes(cls, **options) -> bool:
+        """Whether the variant built with ``options`` transports keys by accumulated data-dependent or random steps,
+        which can decorrelate scores over distance (the subjects of the M2 mixing claims). A fixed transport, such as
+        RoPE's phases n·ω, can only dephase: the claims' control."""
+        return False
+
     def __init__(self, *, n_embd: int, n_head: int, n_kv_head: int, head_dim: int, vocab_size: int, layer_idx: int):
         super().__init__()
         self.n_embd, self.n_head, self.n_kv_head, self.head_dim = n_embd, n_head, n_kv_head, head_dim

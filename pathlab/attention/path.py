@@ -36,6 +36,11 @@ class PathGenerationCache:
 class PaTH(PositionalAttention):
     fallback_options = {"backend": "torch"}  # the blockwise PyTorch path, when a Triton kernel fails
 
+    @classmethod
+    def mixes(cls, **options) -> bool:
+        """Always: every H_t = I − β_t w_t w_tᵀ depends on its token."""
+        return True
+
     def __init__(self, *, use_gate: bool = False, w_rank: int = 32, conv_size: int = 3, beta_max: float | None = None,
                  backend: str = "auto", chunk_size: int = 64, **common):
         super().__init__(**common)

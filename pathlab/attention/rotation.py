@@ -119,6 +119,11 @@ class RotationAttention(PositionalAttention):
     even_head_dim = True
     has_step_angles = True
 
+    @classmethod
+    def mixes(cls, *, mode="random", dispersion=1.0, window=None, **options) -> bool:
+        """Learned angles (token-dependent), a window, or random angles of dispersion τ > 0; τ = 0 is RoPE."""
+        return mode == "learned" or window is not None or dispersion > 0
+
     def __init__(self, *, mode: str = "random", rotate_values: bool = False, forget_gate: bool = False,
                  table: str = "token", dispersion: float = 1.0, window: float | None = None, base: float = 10000.0,
                  seed: int = 0, **common):

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from pathlab.attention.registry import attention_settings
+from pathlab.attention.registry import attention_class, attention_settings
 from pathlab.intervals import compare, order, paired_ratio, verdict
 from pathlab.probes.records import length_entry
 
@@ -68,6 +68,12 @@ def rotates_values(entry) -> bool:
     """Whether the cell's variant rotates the values (its registered settings, then the cell's options)."""
     c = entry["cell"]
     return bool(attention_settings(c["attention"], **(c.get("attention_kwargs") or {})).get("rotate_values", False))
+
+
+def mixes(entry) -> bool:
+    """Whether the cell's variant, with its options, mixes (:meth:`PositionalAttention.mixes`)."""
+    c = entry["cell"]
+    return attention_class(c["attention"]).mixes(**attention_settings(c["attention"], **(c.get("attention_kwargs") or {})))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -337,13 +343,15 @@ def learned_summary(cells: dict, vanish: float = 0.1, width="128") -> tuple[dict
 
     Claim, per cell: ``<c>_rho_s_vanishes_beyond_window``: the median |ρ_s| over the bins at distances ≥ W (the
     fixed width ``width``, the same for every cell), at the longest length, is below ``vanish``. Mixing predicts
-    it. RoPE is the control: its ρ_s(n) = Σ_b w_b cos(n ω_b) is deterministic but can dephase across blocks too,
-    and where RoPE passes, the claim does not tell mixing from dephasing. ``<c>_rho_s_matches_prediction`` (cells
+    it. The cells that do not mix (RoPE) are the control: RoPE's ρ_s(n) = Σ_b w_b cos(n ω_b) is deterministic but
+    can dephase across blocks too, so the claim of a mixing cell is None unless every control fails the same test
+    (and None without a control), and the controls keep their own verdicts. ``<c>_rho_s_matches_prediction`` (cells
     with step angles): measured and predicted median-head ρ_s within 0.1 at the M2 lags ≤ the training length.
     ``<c>_rho_s_stationary_within_training``: ρ_s at n < L_train is the same (within 0.1) at the first and the
     last length (a necessary condition, expected of RoPE too).
     """
     data, claims, checks = {"cells": {}, "width": str(width)}, {}, {}
+    vanishes = {}
     for c, entry in cells.items():
         rec = entry["record"]
         L0 = rec["train_length"]
@@ -370,8 +378,8 @@ def learned_summary(cells: dict, vanish: float = 0.1, width="128") -> tuple[dict
         Lmax = rec["lengths"][-1]
         far = length_entry(rec, Lmax).get("rho_s_far_median")
         w = width_index(rec, width)
-        claims[f"{c}_rho_s_vanishes_beyond_window"] = (
-            bool(np.asarray(far)[w] < vanish) if far is not None and np.isfinite(np.asarray(far)[w]) else None)
+        vanishes[c] = (bool(np.asarray(far)[w] < vanish) if far is not None and np.isfinite(np.asarray(far)[w])
+                       else None)
         if "rho_s_pred" in rows:
             m2L = str(rec["lengths"][0])
             meas = rows["rho_s"][m2L]
@@ -386,6 +394,11 @@ def learned_summary(cells: dict, vanish: float = 0.1, width="128") -> tuple[dict
             within = first["n"][:common] < L0
             claims[f"{c}_rho_s_stationary_within_training"] = bool(
                 np.nanmax(np.abs(first["rho_s"][:common] - last["rho_s"][:common])[within]) < 0.1)
+    controls = [c for c in vanishes if not mixes(cells[c])]
+    rejected = bool(controls) and all(vanishes[c] is False for c in controls)
+    data["controls_rejected"] = {"rho_s_vanishes_beyond_window": rejected}
+    for c, verdict_ in vanishes.items():
+        claims[f"{c}_rho_s_vanishes_beyond_window"] = verdict_ if c in controls or rejected else None
     return data, claims, checks
 
 
