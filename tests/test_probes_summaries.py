@@ -79,11 +79,17 @@ def test_a_violated_bound_fails_the_check(cells):
     assert summaries.bound_summary(bad)[2]["bound_never_violated"] is False
 
 
+def _with_far_mass(cells, **rho):
+    """A copy of ``cells`` whose far mass at L = 64 and 256 is ``rho[cell] = (at 64, at 256)`` in every head."""
+    out = copy.deepcopy(cells)
+    for c, values in rho.items():
+        for L, value in zip((64, 256), values):
+            out[c]["record"][f"L{L}"]["heads"]["far_mass"][:] = value
+    return out
+
+
 def test_far_mass_rise_follows_the_numbers(cells):
-    up = copy.deepcopy(cells)
-    for c, rho in (("rot_random_qk", (0.2, 0.7)), ("rope", (0.7, 0.2))):
-        for L, value in zip((64, 256), rho):
-            up[c]["record"][f"L{L}"]["heads"]["far_mass"][:] = value
+    up = _with_far_mass(cells, rot_random_qk=(0.2, 0.7), rope=(0.7, 0.2))
     _, claims, _ = summaries.far_mass_summary(up, width=8)
     assert claims["rot_random_qk_far_mass_rises_with_length"] is True
     assert claims["rope_far_mass_rises_with_length"] is False
@@ -92,10 +98,7 @@ def test_far_mass_rise_follows_the_numbers(cells):
 def test_a_near_zero_far_mass_drifting_up_does_not_rise(cells):
     """The negative control of the rise claim: a far mass that rises at every step but stays near zero (ALiBi's
     0.008 to 0.014 at the paper's shape) does not count as rising; a rise of 0.06 from 0.2 does."""
-    drift = copy.deepcopy(cells)
-    for c, rho in (("rope", (0.008, 0.014)), ("rot_random_qk", (0.2, 0.26))):
-        for L, value in zip((64, 256), rho):
-            drift[c]["record"][f"L{L}"]["heads"]["far_mass"][:] = value
+    drift = _with_far_mass(cells, rope=(0.008, 0.014), rot_random_qk=(0.2, 0.26))
     _, claims, _ = summaries.far_mass_summary(drift, width=8)
     assert claims["rope_far_mass_rises_with_length"] is False
     assert claims["rot_random_qk_far_mass_rises_with_length"] is True
