@@ -73,14 +73,16 @@ def rotates_values(entry) -> bool:
 def mixes(entry) -> bool:
     """Whether the cell's variant, with its options, mixes (:meth:`PositionalAttention.mixes`)."""
     c = entry["cell"]
-    return attention_class(c["attention"]).mixes(**attention_settings(c["attention"], **(c.get("attention_kwargs") or {})))
+    options = attention_settings(c["attention"], **(c.get("attention_kwargs") or {}))
+    return attention_class(c["attention"]).mixes(**options)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # M4: far mass
 
 
-def far_mass_summary(cells: dict, width=None, tolerance: float = 0.1, min_rise: float = 0.05) -> tuple[dict, dict, dict]:
+def far_mass_summary(cells: dict, width=None, tolerance: float = 0.1,
+                     min_rise: float = 0.05) -> tuple[dict, dict, dict]:
     """M4: ρ_D(L) per cell (mean over queries, median over heads, per layer) and its prediction from the
     training-length gap alone: ρ̂_D = mean_i M_L(i) / (M_L(i) + e^{Γ̂}), Γ̂ = median over the training-length
     queries per (layer, head), M_L(i) = i − W + 1.
@@ -88,9 +90,10 @@ def far_mass_summary(cells: dict, width=None, tolerance: float = 0.1, min_rise: 
     Γ̂ is undefined for heads with no far key at the training length (W ≥ L_train), so ``predicted`` and
     ``measured_predictable`` are medians over the predictable heads, and ``predictable_fraction`` says how many.
 
-    Claims, per cell: ``<c>_far_mass_rises_with_length`` (the mean over layers rises at every step and by at least
-    ``min_rise`` from the shortest to the longest length: a mass that moves by less stays where it was, so ALiBi's
-    and PaTH-FoX's near-zero far mass, the negative controls, cannot pass by drifting up in the third decimal) and
+    Claims, per cell: ``<c>_far_mass_rises_with_length`` (the mean over layers rises at every step and by at
+    least ``min_rise`` from the shortest to the longest length: a mass that moves by less stays where it was, so
+    ALiBi's and PaTH-FoX's near-zero far mass, the negative controls, cannot pass by drifting up in the third
+    decimal) and
     ``<c>_prediction_within_<tol>`` (|ρ̂ − ρ| ≤ tol at every length, over the predictable heads; None when no head
     is predictable). The prediction assumes stationary statistics, so RoPE is its negative control.
     """
