@@ -64,17 +64,20 @@ def _cell_kind(entry) -> dict:
     return {"attention": c["attention"], **(c.get("attention_kwargs") or {})}
 
 
-def rotates_values(entry) -> bool:
-    """Whether the cell's variant rotates the values (its registered settings, then the cell's options)."""
+def _settings(entry) -> dict:
+    """Every option of the cell's variant: its registered settings, then the cell's options."""
     c = entry["cell"]
-    return bool(attention_settings(c["attention"], **(c.get("attention_kwargs") or {})).get("rotate_values", False))
+    return attention_settings(c["attention"], **(c.get("attention_kwargs") or {}))
+
+
+def rotates_values(entry) -> bool:
+    """Whether the cell's variant rotates the values."""
+    return bool(_settings(entry).get("rotate_values", False))
 
 
 def mixes(entry) -> bool:
     """Whether the cell's variant, with its options, mixes (:meth:`PositionalAttention.mixes`)."""
-    c = entry["cell"]
-    options = attention_settings(c["attention"], **(c.get("attention_kwargs") or {}))
-    return attention_class(c["attention"]).mixes(**options)
+    return attention_class(entry["cell"]["attention"]).mixes(**_settings(entry))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -400,8 +403,8 @@ def learned_summary(cells: dict, vanish: float = 0.1, width="128") -> tuple[dict
     controls = [c for c in vanishes if not mixes(cells[c])]
     rejected = bool(controls) and all(vanishes[c] is False for c in controls)
     data["controls_rejected"] = {"rho_s_vanishes_beyond_window": rejected}
-    for c, verdict_ in vanishes.items():
-        claims[f"{c}_rho_s_vanishes_beyond_window"] = verdict_ if c in controls or rejected else None
+    for c, held in vanishes.items():
+        claims[f"{c}_rho_s_vanishes_beyond_window"] = held if c in controls or rejected else None
     return data, claims, checks
 
 
