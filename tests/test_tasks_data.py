@@ -281,3 +281,31 @@ def test_mqrar_answer_accuracy():
     assert correct == total == int((y >= 0).sum()) > 0
     correct, _ = mqrar.answer_accuracy(torch.zeros_like(perfect), y)  # argmax 0 = the query marker, never right
     assert correct == 0
+
+
+def test_mqrar_blind_baselines_by_hand():
+    # keys 1, 2; values 4..7 (V = 8). Steps: 1←4, 2←5, 2←5, then "1 ?" (answer 4) and "2 ?" (answer 5).
+    x = torch.tensor([[1, 4, 2, 5, 2, 5, 1, 0, 2, 0]])
+    y = torch.tensor([[-1, -1, -1, -1, -1, -1, -1, 4, -1, 5]])
+    assert mqrar.nth_recent_brute_force(x[0], 1) == [4, 5]
+    got = mqrar.blind_baselines(x, y, 1)
+    # most frequent value so far is 5 (twice): wrong for key 1, right for key 2
+    assert got["frequent_value"] == pytest.approx(0.5)
+    # table of current values {1: 4, 2: 5}: a tie of two, either answer half right
+    assert got["key_blind"] == pytest.approx(0.5)
+    # the mode is guessed, not a value drawn in proportion to its count (which would score 1/3 on "1 ?")
+    assert mqrar.blind_baselines(x[:, :8], y[:, :8], 1)["frequent_value"] == 0.0
+    # N = 2 after 1←4, 2←5, 2←5 and "2 ?": only key 2 has a second value, so the table is {5}: always right
+    x2 = torch.tensor([[1, 4, 2, 5, 2, 5, 2, 0]])
+    y2 = torch.tensor([[-1, -1, -1, -1, -1, -1, -1, 5]])
+    assert mqrar.nth_recent_brute_force(x2[0], 2) == [5]
+    assert mqrar.blind_baselines(x2, y2, 2)["key_blind"] == pytest.approx(1.0)
+
+
+def test_mqrar_blind_baselines_sit_between_chance_and_recall():
+    x, y = mqrar.generate_mqrar(40, 2, vocab_size=256, seed=3)
+    got = mqrar.blind_baselines(x, y, 2)
+    chance = 1 / 128
+    assert chance < got["frequent_value"] < got["key_blind"] < 0.2
+    with pytest.raises(ValueError, match="both be"):
+        mqrar.blind_baselines(x[0], y, 2)

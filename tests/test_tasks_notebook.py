@@ -17,7 +17,8 @@ def _suite(tmp_path, ff_errors, mq_acc, a5_min):
              "summary": {"read_error": dict(zip(report.SPLITS, e)), "n_reads": dict.fromkeys(report.SPLITS, 100)}}
             for a, e in ff_errors.items()]
     (tmp_path / "flipflop.json").write_text(json.dumps({"task": "flipflop", "runs": runs}))
-    runs = [{"attention": a, "settings": {"n_back": n}, "summary": {"accuracy": acc}}
+    tiny = {"n_pairs": 4, "length": 48, "vocab_size": 64}  # blind guesses score 15-30% here
+    runs = [{"attention": a, "settings": {"n_back": n, **tiny}, "summary": {"accuracy": acc}}
             for a, t in mq_acc.items() for n, acc in t.items()]
     (tmp_path / "mqrar.json").write_text(json.dumps({"task": "mqrar", "runs": runs}))
     chains = [{"attention": a, "length": k, "min_layers": m,
@@ -37,7 +38,9 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
     assert data["flipflop"][0]["paper_sparse_percent"] == 40.3
     assert data["a5_min_layers"] == {"rope": {4: 2, 8: None}, "path": {4: 1, 8: 2}}
     assert data["mqrar_accuracy"]["fox"] == {2: 0.6, 3: 0.2}
-    assert all(report.state_tracking_claims(data).values()) and len(report.state_tracking_claims(data)) == 5
+    assert set(data["mqrar_baselines"]) == {1, 2, 3}
+    assert 2 / 64 < data["mqrar_baselines"][2]["frequent_value"] < data["mqrar_baselines"][2]["key_blind"] < 0.5
+    assert all(report.state_tracking_claims(data).values()) and len(report.state_tracking_claims(data)) == 6
     assert "| PaTH | 0% / 0% | 0.05% / 0.0001% |" in report.format_flipflop_table(data["flipflop"])
     digest = report.summary_markdown(good)
     assert "| RoPE | 2 | — |" in digest and "| PaTH | 100.0% | 90.0% | 80.0% |" in digest
@@ -54,10 +57,24 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
     assert claims == {"flipflop_path_in_dist_error_at_most_0.1pct": False,
                       "flipflop_path_sparse_error_at_most_0.1pct": False,
                       "flipflop_rope_sparse_error_clearly_above_path": False,
+                      "mqrar_path_recalls_beyond_the_key_blind_guess_for_n_2_and_3": True,
                       "mqrar_path_above_rope_and_fox_for_n_2_and_3": False,
                       "a5_path_needs_no_more_layers_than_rope": False}
     fig = report.plot_state_tracking(report.state_tracking_data(bad))
     assert len(fig.axes) == 4
+
+
+def test_mqrar_comparison_is_undecided_while_path_sits_at_the_blind_guess(tmp_path):
+    # PaTH ahead of RoPE and FoX, but every model below the best key-blind guess (about 28% here): none recalls
+    folder = _suite(tmp_path, {"path": (0.0, 0.0, 0.0)},
+                    {"path": {2: 0.2, 3: 0.2}, "rope": {2: 0.1, 3: 0.1}, "fox": {2: 0.05, 3: 0.05}}, {})
+    data = report.state_tracking_data(folder)
+    claims = report.state_tracking_claims(data)
+    assert claims["mqrar_path_recalls_beyond_the_key_blind_guess_for_n_2_and_3"] is False
+    assert claims["mqrar_path_above_rope_and_fox_for_n_2_and_3"] is None
+    digest = report.summary_markdown(folder)
+    assert "`mqrar_path_above_rope_and_fox_for_n_2_and_3`: undecided" in digest
+    assert "| *best key-blind guess* |" in digest
 
 
 def test_find_results_prefers_complete_folders(tmp_path):

@@ -119,6 +119,49 @@ def nth_recent_brute_force(tokens, n_back: int) -> list[int]:
     return out
 
 
+def blind_baselines(inputs: torch.Tensor, targets: torch.Tensor, n_back: int) -> dict[str, float]:
+    """Expected answer accuracy of two predictors that never bind a value to the queried key.
+
+    * ``"frequent_value"``: the value seen most often so far in the sequence (ties shared evenly); it reads
+      neither keys nor recency.
+    * ``"key_blind"``: the best guess of a reader that knows every key's ``n_back``-th most recent value but not
+      which key is asked: the most common entry of that table of 32 values (ties shared evenly).
+
+    A model whose accuracy sits at these levels has learned which tokens answers are drawn from, not the recall
+    itself; chance is 2 / V over the V/2 values. ``inputs``/``targets``: ``[n, T]`` from :func:`generate_mqrar`.
+    """
+    if inputs.shape != targets.shape or inputs.dim() != 2:
+        raise ValueError(f"inputs and targets must both be [n, T], got {tuple(inputs.shape)} and "
+                         f"{tuple(targets.shape)}")
+    x, y = inputs.cpu().numpy(), targets.cpu().numpy()
+    scores: dict[str, list[float]] = {"frequent_value": [], "key_blind": []}
+
+    def share_of_modes(counts: dict[int, int], answer: int) -> float:
+        top = max(counts.values())
+        modes = [v for v, c in counts.items() if c == top]
+        return (answer in modes) / len(modes)
+
+    for row_x, row_y in zip(x, y):
+        recent: dict[int, list[int]] = {}  # key -> its values, most recent first
+        seen: dict[int, int] = {}  # value -> how often it was assigned so far
+        for t in range(1, row_x.shape[0], 2):
+            key, value = int(row_x[t - 1]), int(row_x[t])
+            if value != QUERY:
+                recent.setdefault(key, []).insert(0, value)
+                seen[value] = seen.get(value, 0) + 1
+                continue
+            answer = int(row_y[t])
+            table: dict[int, int] = {}
+            for values in recent.values():
+                if len(values) >= n_back:
+                    table[values[n_back - 1]] = table.get(values[n_back - 1], 0) + 1
+            scores["frequent_value"].append(share_of_modes(seen, answer))
+            scores["key_blind"].append(share_of_modes(table, answer))
+    if not scores["key_blind"]:
+        raise ValueError("the sequences hold no query")
+    return {name: float(np.mean(values)) for name, values in scores.items()}
+
+
 def answer_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
     """(correct answers, answers) of ``logits [n, T, V]``: argmax over the whole vocabulary at ``targets >= 0``."""
     mask = targets >= 0
