@@ -164,6 +164,27 @@ def test_suite_falls_back_to_blockwise_path_when_the_kernel_fails(monkeypatch):
         suite._job("mqrar", "rope", "tiny-cpu", {}, {"n_back": 2})  # no fallback for other variants
 
 
+def test_cpu_workers_share_the_cores(monkeypatch):
+    import torch
+
+    from pathlab.tasks import suite
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 8)
+    assert [suite._worker_threads(w) for w in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert suite._worker_threads(2) == 1  # the GPU does the work
+
+    seen = []
+    monkeypatch.setattr(suite, "run_task", lambda *a, **k: seen.append(torch.get_num_threads()) or {})
+    before = torch.get_num_threads()
+    try:
+        suite._job("mqrar", "rope", "tiny-cpu", {}, {"n_back": 2}, threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+
+
 def test_worker_errors_reach_the_parent_as_picklable_text(monkeypatch):
     import pickle
     import sys

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -52,12 +53,21 @@ def merge_chains(chains: Sequence[dict]) -> dict:
             "runs": runs}
 
 
-def _job(kind: str, attention: str, preset, overrides, extra) -> dict:
-    """One unit of work in a worker process (top-level, so that it pickles)."""
+def _worker_threads(workers: int) -> int:
+    """CPU threads for each of ``workers`` processes: one where a GPU does the work, else the cores shared out
+    (more threads than cores make every worker wait on the others)."""
     import torch
 
-    if torch.cuda.is_available():
-        torch.set_num_threads(1)  # the GPU does the work; many workers must not fight over CPU threads
+    return 1 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // workers)
+
+
+def _job(kind: str, attention: str, preset, overrides, extra, threads: int | None = None) -> dict:
+    """One unit of work in a worker process (top-level, so that it pickles); ``threads``: torch's CPU threads."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+
     def go(overrides):
         if kind == "a5":
             return a5_chain(attention, extra["length"], extra["layers"], preset=preset, overrides=overrides)
@@ -160,7 +170,8 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     else:
         ctx = mp.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_job, j[0], j[1], preset, overrides[j[0]], j[2]): j for j in jobs}
+            threads = _worker_threads(workers)
+            futures = {pool.submit(_job, j[0], j[1], preset, overrides[j[0]], j[2], threads): j for j in jobs}
             for fut in cf.as_completed(futures):
                 job = futures[fut]
                 try:
