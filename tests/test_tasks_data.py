@@ -300,6 +300,10 @@ def test_mqrar_blind_baselines_by_hand():
     y2 = torch.tensor([[-1, -1, -1, -1, -1, -1, -1, 5]])
     assert mqrar.nth_recent_brute_force(x2[0], 2) == [5]
     assert mqrar.blind_baselines(x2, y2, 2)["key_blind"] == pytest.approx(1.0)
+    # a query without a target is not scored; one with nothing to guess from yet (no key has two values) scores 0
+    x3, y3 = torch.tensor([[1, 0, 1, 4, 1, 0]]), torch.tensor([[-1, -1, -1, -1, -1, 4]])
+    assert mqrar.blind_baselines(x3, y3, 1) == {"frequent_value": 1.0, "key_blind": 1.0}
+    assert mqrar.blind_baselines(x3, y3, 2)["key_blind"] == 0.0
 
 
 def test_mqrar_blind_baselines_sit_between_chance_and_recall():

@@ -125,7 +125,7 @@ def blind_baselines(inputs: torch.Tensor, targets: torch.Tensor, n_back: int) ->
     * ``"frequent_value"``: the value seen most often so far in the sequence (ties shared evenly); it reads
       neither keys nor recency.
     * ``"key_blind"``: the best guess of a reader that knows every key's ``n_back``-th most recent value but not
-      which key is asked: the most common entry of that table of 32 values (ties shared evenly).
+      which key is asked: the most common entry of that table, one entry per key (ties shared evenly).
 
     A model whose accuracy sits at these levels has learned which tokens answers are drawn from, not the recall
     itself; chance is 2 / V over the V/2 values. ``inputs``/``targets``: ``[n, T]`` from :func:`generate_mqrar`.
@@ -137,6 +137,8 @@ def blind_baselines(inputs: torch.Tensor, targets: torch.Tensor, n_back: int) ->
     scores: dict[str, list[float]] = {"frequent_value": [], "key_blind": []}
 
     def share_of_modes(counts: dict[int, int], answer: int) -> float:
+        if not counts:  # nothing to guess from yet
+            return 0.0
         top = max(counts.values())
         modes = [v for v, c in counts.items() if c == top]
         return (answer in modes) / len(modes)
@@ -151,6 +153,8 @@ def blind_baselines(inputs: torch.Tensor, targets: torch.Tensor, n_back: int) ->
                 seen[value] = seen.get(value, 0) + 1
                 continue
             answer = int(row_y[t])
+            if answer < 0:  # not scored, as in answer_accuracy
+                continue
             table: dict[int, int] = {}
             for values in recent.values():
                 if len(values) >= n_back:

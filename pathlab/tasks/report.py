@@ -194,7 +194,7 @@ def state_tracking_data(folder: str | Path) -> dict:
 def state_tracking_claims(data: Mapping) -> dict[str, bool | None]:
     """The issue's targets, each True/False on these numbers, None when undecided (absent when the needed runs
     are missing)."""
-    claims: dict[str, bool] = {}
+    claims: dict[str, bool | None] = {}
     ff = {r["attention"]: r for r in data.get("flipflop", [])}
     if "path" in ff:
         claims["flipflop_path_in_dist_error_at_most_0.1pct"] = ff["path"]["in_dist_percent"] <= 0.1
