@@ -5,12 +5,12 @@ q and k are scaled by ``--norms`` (PaTH-FoX, grouped heads, β ∈ [1.5, 2], the
 and every gradient are compared with the fp64 reference on the same rounded inputs, for several input draws
 (``--seeds``). Per tensor a row records the RMS of the op's value, of the true (fp64) value, of the true value at
 norm 1 (the scale that test divides by) and of the error, and the share of the squared error held by its worst
-row. That separates the op's error from the size of the true gradient: a saturated row (o_i = v_j*) has
-gradients ~0, but a row whose two largest logits differ by less than a few tens of nats does not saturate, and one
-whose gap is near the logits' rounding (|q|·|k|/√D times the carried states' 2⁻¹¹ for 16-bit inputs) gets softmax
-weights, and so gradients, of the wrong size. How many rows lie near
-such a gap, and how each route's rounding falls on them, depends on the draw: at ×200 one row can hold all of a
-gradient's error, so routes are compared over several draws.
+row. That separates the op's error from the size of the true gradient: a saturated row (o_i = v_j*) has gradients
+~0, but a row whose two largest logits differ by less than a few tens of nats does not saturate, and one whose gap
+is near the logits' rounding (|q|·|k|/√D times the carried states' 2⁻¹¹ for 16-bit inputs) gets softmax weights,
+and so gradients, of the wrong size. How many rows lie near such a gap, and how each route's rounding falls on
+them, depends on the draw: at ×200 one row can hold all of a gradient's error, so routes are compared over several
+draws.
 
 ``--factors`` measures one step earlier, where the UT routes differ: the factors q̃, k̃, M and the intra-chunk
 logits S_d (reported over √D, in nats) of the fused Triton UT transform as it runs (``triton``: chunks of large
