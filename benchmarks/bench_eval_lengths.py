@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 
@@ -66,7 +67,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(ModelConfig.from_dict(cfg["model"])).cuda()
     vocab, block = model.config.vocab_size, cfg["data"]["block_size"]
-    report = {"study": args.study, "cell": args.cell, "device": torch.cuda.get_device_name(),
+    report = {"command": " ".join(["python"] + sys.argv), "study": args.study, "cell": args.cell, "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "train_steps": args.train_steps, "n_windows": n_windows, "lengths": {}}
     if args.train_steps:
         report["train_s"] = train_steps(model, args.train_steps, cfg["train"]["batch_size"], block, vocab)

@@ -7,9 +7,12 @@ lag min(``--angle-lag``, L − 1) for rotation models). Each row records the for
 (no hooks), the full measurement (forward + probes), and on CUDA the peak memory. One untimed measurement at a
 short length first compiles the model's kernels, and one untimed forward at each length precedes its timed one.
 ``--m2-windows N`` also times the M2 pass (:func:`learned_head_windows` on N windows of 512 tokens).
+``--bias-route chunked`` runs ALiBi's and FoX's attention on the chunked additive-bias SDPA instead of
+FlexAttention (both are :mod:`pathlab.ops.softmax` routes; the probes' forward is in fp32).
 
     python benchmarks/bench_probes.py --variants rope,path --lengths 4096,65536 --n-windows 2 --device cuda
     python benchmarks/bench_probes.py --device cpu --n-layer 2 --lengths 1024 --n-windows 1
+    python benchmarks/bench_probes.py --variants fox,alibi --bias-route chunked --n-layer 2 --n-windows 1
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 
 import torch
 
+import pathlab.ops.softmax as softmax_ops
 from pathlab import ModelConfig, build_model
 from pathlab.probes.model import learned_head_windows, measure_model, run_blocks
 
@@ -93,12 +97,17 @@ def main(argv=None):
     p.add_argument("--n-layer", type=int, default=None, help="fewer layers than the paper's 16 (a quick check)")
     p.add_argument("--angle-lag", type=int, default=4096, help="largest lag of the angle statistics (0: none)")
     p.add_argument("--m2-windows", type=int, default=0, help="also time the M2 pass on this many 512-token windows")
+    p.add_argument("--bias-route", choices=("flex", "chunked"), default="flex",
+                   help="ALiBi's and FoX's attention on CUDA: FlexAttention (the default route) or the chunked SDPA")
     p.add_argument("--out", default=None, help="write the rows as JSON here (rewritten after each variant)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     lengths = [int(s) for s in args.lengths.split(",")]
+    if args.bias_route == "chunked":
+        softmax_ops._use_flex = lambda q: False
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"# {name}, torch {torch.__version__}, {N_QUERIES} queries, span {SPAN}, near {list(NEAR)}")
+    print(f"# {name}, torch {torch.__version__}, {N_QUERIES} queries, span {SPAN}, near {list(NEAR)}, "
+          f"bias route {args.bias_route}")
     print(HEADER, flush=True)
     rows = []
     for variant in args.variants.split(","):
@@ -106,7 +115,7 @@ def main(argv=None):
                               args.m2_windows)
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"device": name, "torch": torch.__version__, "rows": rows}, f, indent=1)
+                json.dump({"device": name, "torch": torch.__version__, "bias_route": args.bias_route, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
