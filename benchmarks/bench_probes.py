@@ -115,7 +115,8 @@ def main(argv=None):
                               args.m2_windows)
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"device": name, "torch": torch.__version__, "bias_route": args.bias_route, "rows": rows}, f, indent=1)
+                json.dump({"device": name, "torch": torch.__version__, "bias_route": args.bias_route, "rows": rows},
+                          f, indent=1)
 
 
 if __name__ == "__main__":
