@@ -24,6 +24,7 @@ import torch._dynamo.utils as dynamo_utils
 from pathlab.figures.study import cell_config, load_study
 from pathlab.model import ModelConfig, build_model
 from pathlab.training.evaluate import autocast, evaluate_model
+from pathlab.training.trainer import make_optimizer
 
 
 def compiler_counts() -> dict:
@@ -32,10 +33,11 @@ def compiler_counts() -> dict:
     return {"unique_graphs": stats.get("unique_graphs", 0), "recompiles": recompiles}
 
 
-def train_steps(model, steps: int, batch: int, block: int, vocab: int) -> float:
-    """``steps`` compiled AdamW steps on random tokens, as the trainer takes them; returns the seconds."""
+def train_steps(model, steps: int, cfg: dict, vocab: int) -> float:
+    """``steps`` compiled steps on random tokens with the trainer's optimiser and batch shape; returns the seconds."""
     net = torch.compile(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = make_optimizer(model, cfg["optim"], torch.device("cuda"))
+    batch, block = cfg["train"]["batch_size"], cfg["data"]["block_size"]
     model.train()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -67,10 +69,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(ModelConfig.from_dict(cfg["model"])).cuda()
     vocab, block = model.config.vocab_size, cfg["data"]["block_size"]
-    report = {"command": " ".join(["python"] + sys.argv), "study": args.study, "cell": args.cell, "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "train_steps": args.train_steps, "n_windows": n_windows, "lengths": {}}
+    report = {"command": " ".join(["python"] + sys.argv), "study": args.study, "cell": args.cell,
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "train_steps": args.train_steps,
+              "n_windows": n_windows, "lengths": {}}
     if args.train_steps:
-        report["train_s"] = train_steps(model, args.train_steps, cfg["train"]["batch_size"], block, vocab)
+        report["train_s"] = train_steps(model, args.train_steps, cfg, vocab)
         report["after_training"] = compiler_counts()
         print(json.dumps({"train_s": report["train_s"], **report["after_training"]}), flush=True)
     val = np.random.default_rng(0).integers(0, vocab, args.val_tokens, dtype=np.int64)
