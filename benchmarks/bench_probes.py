@@ -7,8 +7,8 @@ lag min(``--angle-lag``, L − 1) for rotation models). Each row records the for
 (no hooks), the full measurement (forward + probes), and on CUDA the peak memory. One untimed measurement at a
 short length first compiles the model's kernels, and one untimed forward at each length precedes its timed one.
 ``--m2-windows N`` also times the M2 pass (:func:`learned_head_windows` on N windows of 512 tokens).
-``--bias-route chunked`` runs ALiBi's and FoX's attention on the chunked additive-bias SDPA instead of
-FlexAttention (both are :mod:`pathlab.ops.softmax` routes; the probes' forward is in fp32).
+``--bias-route`` picks ALiBi's and FoX's attention on CUDA: ``chunked`` the chunked additive-bias SDPA (the route of
+fp32 inputs, so of the probes' fp32 forward), ``flex`` FlexAttention in every dtype (the route of bf16 and fp16).
 
     python benchmarks/bench_probes.py --variants rope,path --lengths 4096,65536 --n-windows 2 --device cuda
     python benchmarks/bench_probes.py --device cpu --n-layer 2 --lengths 1024 --n-windows 1
@@ -97,14 +97,16 @@ def main(argv=None):
     p.add_argument("--n-layer", type=int, default=None, help="fewer layers than the paper's 16 (a quick check)")
     p.add_argument("--angle-lag", type=int, default=4096, help="largest lag of the angle statistics (0: none)")
     p.add_argument("--m2-windows", type=int, default=0, help="also time the M2 pass on this many 512-token windows")
-    p.add_argument("--bias-route", choices=("flex", "chunked"), default="flex",
-                   help="ALiBi's and FoX's attention on CUDA: FlexAttention (the default route) or the chunked SDPA")
+    p.add_argument("--bias-route", choices=("flex", "chunked"), default="chunked",
+                   help="ALiBi's and FoX's attention on CUDA: FlexAttention in every dtype, or the chunked SDPA")
     p.add_argument("--out", default=None, help="write the rows as JSON here (rewritten after each variant)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     lengths = [int(s) for s in args.lengths.split(",")]
     if args.bias_route == "chunked":
         softmax_ops._use_flex = lambda q: False
+    else:  # FlexAttention on CUDA whatever the dtype, as the probes' fp32 forward took it before fp32 was routed off
+        softmax_ops._flex_route = lambda device_type, dtype: device_type == "cuda"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# {name}, torch {torch.__version__}, {N_QUERIES} queries, span {SPAN}, near {list(NEAR)}, "
           f"bias route {args.bias_route}")

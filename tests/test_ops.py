@@ -82,6 +82,15 @@ def test_a_failing_flex_attention_falls_back_loudly(monkeypatch):
     assert len(calls) == 1
 
 
+def test_flex_attention_takes_half_precision_on_cuda_only():
+    """fp32 and fp64 inputs (the probes' forward) take the chunked SDPA: FlexAttention multiplies fp32 operands off
+    the tensor cores. On the CPU every dtype does (FlexAttention has no CPU backward)."""
+    route = softmax_ops._flex_route
+    assert route("cuda", torch.bfloat16) and route("cuda", torch.float16)
+    assert not route("cuda", torch.float32) and not route("cuda", torch.float64)
+    assert not any(route("cpu", dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
 def test_flex_attention_stays_compiled_across_many_shapes():
     """An evaluation calls FlexAttention at many (B, T): past the compiler's recompile limit (8 shapes) a
     static-shape compile runs ``flex_attention`` unfused, on the full B·H·T² scores (which at 65K tokens no GPU

@@ -37,6 +37,21 @@ def test_fast_matches_reference_on_gpu(op, dtype, tol):
     assert_matches_reference(fast, ref, _inputs(2, 333, 4, 64, dtype), tol, ("q", "k", "v", "theta", "g"))
 
 
+@pytest.mark.parametrize("dtype,flex", [(torch.bfloat16, True), (torch.float16, True), (torch.float32, False)],
+                         ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("op", ["alibi", "fox"])
+def test_bias_attention_route(op, dtype, flex, monkeypatch):
+    """Half precision runs on FlexAttention; fp32 (the probes' forward) on the chunked SDPA."""
+    import pathlab.ops.softmax as softmax_ops
+
+    calls, real_flex = [], softmax_ops._flex
+    monkeypatch.setattr(softmax_ops, "_flex_failure", None)
+    monkeypatch.setattr(softmax_ops, "_flex", lambda *args: calls.append(1) or real_flex(*args))
+    OPS[op][0](*_inputs(1, 300, 2, 64, dtype))
+    assert softmax_ops._flex_failure is None, softmax_ops._flex_failure
+    assert bool(calls) == flex
+
+
 @pytest.mark.parametrize("op", list(OPS))
 def test_65k_tokens_without_a_txt_matrix(op):
     T, H, D = 65536, 2, 64

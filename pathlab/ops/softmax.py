@@ -3,9 +3,10 @@
 * NoPE, RoPE and accumulated rotations: fused SDPA after pre-rotation. With q̃_i = R(−Φ_i) q_i and
   k̃_j = R(−Φ_j) k_j, q̃_iᵀ k̃_j = q_iᵀ R(Φ_i − Φ_j) k_j. Value transport (Q/K/V) uses ṽ_j = R(−Φ_j) v_j and
   o_i ← R(Φ_i) o_i, so o_i = Σ_j α_ij R(Φ_i − Φ_j) v_j.
-* ALiBi and FoX: FlexAttention with a ``score_mod`` on CUDA (no T×T tensor); on the CPU, where FlexAttention
-  has no backward, an additive-bias SDPA computed in query chunks (T×chunk at a time). If FlexAttention fails
-  on a CUDA device, a one-time warning names the error and the chunked additive-bias path takes over.
+* ALiBi and FoX: FlexAttention with a ``score_mod`` for bf16 and fp16 inputs on CUDA (no T×T tensor). In fp32
+  and fp64, and on the CPU (where FlexAttention has no backward), an additive-bias SDPA computed in query chunks
+  (T×chunk at a time). If FlexAttention fails on a CUDA device, a one-time warning names the error and the
+  chunked additive-bias path takes over.
 * Accumulated rotations with a forget gate: the rotations' pre-rotation, then FoX's path on the rotated tensors.
 """
 
@@ -185,11 +186,22 @@ def _chunked_bias_sdpa(q, k, v, scale, bias_fn, chunk: int = CPU_QUERY_CHUNK):
 
 
 def _use_flex(q) -> bool:
-    return q.device.type == "cuda" and _flex_failure is None
+    return _flex_route(q.device.type, q.dtype) and _flex_failure is None
+
+
+def _flex_route(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ALiBi's and FoX's attention runs on FlexAttention: half-precision inputs on CUDA.
+
+    fp32 inputs (the probes' forward) take the chunked SDPA: FlexAttention's template multiplies fp32 operands
+    with IEEE fp32 products under PyTorch's default matmul precision, off the tensor cores, and is many times
+    slower than the chunked route (``benchmarks/results/probes-routes-*.txt``).
+    """
+    return device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
 
 
 def _bias_attention(q, k, v, scale, score_mod, bias_fn):
-    """FlexAttention with ``score_mod`` on CUDA, else (or if it fails) the chunked additive-bias SDPA."""
+    """FlexAttention with ``score_mod`` where :func:`_flex_route` says so, else (or if it fails) the chunked
+    additive-bias SDPA."""
     global _flex_failure
     if _use_flex(q):
         try:
