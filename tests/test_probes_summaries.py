@@ -259,6 +259,18 @@ def test_window_sweep_separation_holds_and_fails():
     assert claims["qkv_ratio_rises_with_window"] is False
 
 
+def test_rope_is_the_infinite_window_of_the_qk_group_only():
+    """σ → 0 turns a Q/K rotation into RoPE, but a Q/K/V rotation would still rotate the values: a RoPE flatter
+    than every window breaks the Q/K rise and leaves the Q/K/V one alone (it is only reported there)."""
+    sweep = _sweep({16: 1.1, 32: 1.2, 256: 5.0, "rope": 0.5}, {16: 1.1, 32: 1.2, 256: 5.0})
+    data, claims, _ = summaries.window_sweep_summary(sweep, lengths=(1024,))
+    assert [p["cell"] for p in data["groups"]["qk"]][-1] == "rope"
+    assert "rope" not in [p["cell"] for p in data["groups"]["qkv"]]
+    assert claims["qkv_ratio_rises_with_window"] is True and claims["qk_ratio_rises_with_window"] is False
+    assert data["rope_over_widest"]["qkv"]["W"] == 256
+    assert data["rope_over_widest"]["qkv"]["ratio"] == pytest.approx(0.1)
+
+
 def test_window_sweep_pairs_qkv_with_qk_at_each_window():
     def claim(qkv, qk):
         _, claims, _ = summaries.window_sweep_summary(_sweep({**qkv, "rope": 9.0}, qk), lengths=(1024,))

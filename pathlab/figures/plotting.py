@@ -405,7 +405,8 @@ def plot_extrapolation(data, note=""):
 
 def plot_window_sweep(data, note=""):
     """The theory's test: r at the evaluation lengths and the in-distribution loss against the mixing window W
-    of the rotations (RoPE plotted at W = ∞, right edge), Q/K/V and Q/K, with the training length marked."""
+    of the rotations, Q/K/V and Q/K (RoPE at W = ∞, the right edge, closes the Q/K curve), with the training
+    length marked."""
     plt = setup()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.2))
     L_train = data.get("train_length")

@@ -483,7 +483,9 @@ def window_of(entry) -> float:
 
 def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict, dict]:
     """The theory's direct test: r(L) and the in-distribution loss against the mixing window W of the rotations
-    (θ = ω_b + σ N(0, 1), every block mixing within W), for Q/K/V and Q/K, with RoPE as W = ∞.
+    (θ = ω_b + σ N(0, 1), every block mixing within W), for Q/K/V and Q/K, with RoPE as the Q/K group's W = ∞
+    (σ → 0 leaves RoPE's angles; a Q/K/V rotation there would still rotate the values, which RoPE does not, so
+    RoPE is no point of the Q/K/V group).
 
     Every claim compares r at the longest length by the paired interval of two cells' ratio on the same
     windows (:mod:`pathlab.intervals`), not by point estimates: a comparison is decided when the interval
@@ -497,7 +499,8 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     that both groups have, Q/K/V's r is below Q/K's (value-side incoherence, SPEC M6/M7).
     Data: per group the points, and ``steps`` (r of each cell over the previous one's, with its paired interval);
     ``qkv_over_qk`` (r of Q/K/V over Q/K at each W both have, with its paired interval; None where the cells were
-    scored on different windows).
+    scored on different windows); ``rope_over_widest`` (per group, RoPE's r over the widest finite window's, with
+    its paired interval: a reference, in no claim).
     """
     data, claims = {"groups": {}, "lengths": list(lengths)}, {}
     rope = cells.get("rope")
@@ -510,8 +513,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
         return compare(row(p), row(q), seed=L_key)
 
     for group in ("qkv", "qk"):
-        members = {c: e for c, e in cells.items() if window_of(e) is not None and
-                   (e["cell"]["attention"] == "rope" or rotates_values(e) == (group == "qkv"))}
+        members = {c: e for c, e in cells.items() if window_of(e) is not None and rotates_values(e) == (group == "qkv")}
         pts = []
         for c, e in members.items():
             rows = length_rows(e["eval"])
@@ -541,6 +543,10 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
             claims[f"{group}_ratio_rises_with_window"] = None
     at = {g: {p["W"]: p for p in pts if not math.isinf(p["W"]) and p[f"r{L_key}"] is not None}
           for g, pts in data["groups"].items()}
+    rope_point = next(({"cell": c} for c, e in cells.items()
+                       if window_of(e) == math.inf and str(L_key) in e["eval"]["lengths"]), None)
+    data["rope_over_widest"] = {g: {"W": max(ws), **paired_ratio(row(rope_point), row(ws[max(ws)]), seed=L_key)}
+                                for g, ws in at.items() if ws and rope_point}
     common = sorted(set(at["qkv"]) & set(at["qk"]))
     data["qkv_over_qk"] = [{"W": W, **paired_ratio(row(at["qkv"][W]), row(at["qk"][W]), seed=L_key)} for W in common]
     claims["qkv_flatter_than_qk_at_equal_window"] = (
