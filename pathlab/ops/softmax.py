@@ -193,8 +193,8 @@ def _flex_route(device_type: str, dtype: torch.dtype) -> bool:
     """Whether ALiBi's and FoX's attention runs on FlexAttention: half-precision inputs on CUDA.
 
     fp32 inputs (the probes' forward) take the chunked SDPA: FlexAttention's template multiplies fp32 operands
-    with IEEE fp32 products under PyTorch's default matmul precision, off the tensor cores, and is many times
-    slower than the chunked route (``benchmarks/results/probes-routes-*.txt``).
+    with IEEE fp32 products under PyTorch's default matmul precision, off the tensor cores, and is an order of
+    magnitude slower than the chunked route there.
     """
     return device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
 
