@@ -361,7 +361,8 @@ def _errors(fn, inputs, out_ref, grads_ref, d_out):
 @pytest.mark.parametrize("rotate_values", [False, True], ids=["qk", "qkv"])
 @pytest.mark.parametrize("shape", [(2, 333, 4, 4, 64), (1, 1000, 4, 2, 64)], ids=["B2-T333-H4-D64", "B1-T1000-gqa"])
 def test_cuda_fast_path_matches_reference(shape, rotate_values, dtype, floor, monkeypatch):
-    """FlexAttention on the rotated q, k (v) against the fp64 reference: output and the gradients of q, k, v, θ, g.
+    """FlexAttention on the rotated q, k (v) against the fp64 reference: output and the gradients of q, k, v, θ, g,
+    in the half precisions that take it (fp32 takes the chunked SDPA, compared with the reference on the CPU).
 
     Tolerance (FlashAttention's policy): each error at most twice that of the same op in the same dtype through
     plain PyTorch (the chunked additive-bias SDPA, which also runs here), or below the floor. dθ is a reverse cumulative
