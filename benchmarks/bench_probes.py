@@ -103,10 +103,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = torch.device(args.device)
     lengths = [int(s) for s in args.lengths.split(",")]
-    if args.bias_route == "chunked":
-        softmax_ops._use_flex = lambda q: False
-    else:  # FlexAttention on CUDA in every dtype, fp32 included (which pathlab routes to the chunked SDPA)
-        softmax_ops._flex_route = lambda device_type, dtype: device_type == "cuda"
+    # flex: FlexAttention on CUDA in every dtype, fp32 included (which pathlab routes to the chunked SDPA)
+    softmax_ops._flex_route = lambda device_type, dtype: args.bias_route == "flex" and device_type == "cuda"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# {name}, torch {torch.__version__}, {N_QUERIES} queries, span {SPAN}, near {list(NEAR)}, "
           f"bias route {args.bias_route}")
