@@ -50,6 +50,14 @@ def paired_ratio(row_a: dict, row_b: dict, *, seed: int = 0) -> dict:
     return {"ratio": row_a["ratio"] / row_b["ratio"], "paired_ci95": paired_ratio_interval(row_a, row_b, seed=seed)}
 
 
+def paired_table(eval_a: dict, eval_b: dict) -> list[dict]:
+    """Cell a against cell b at every length both ``eval.json`` files hold: ``{"length", "r_a", "r_b", "ratio",
+    "paired_ci95"}``, the interval seeded with the length as the figures seed theirs."""
+    shared = sorted(set(eval_a["lengths"]) & set(eval_b["lengths"]), key=int)
+    return [{"length": int(L), "r_a": eval_a["lengths"][L]["ratio"], "r_b": eval_b["lengths"][L]["ratio"],
+             **paired_ratio(eval_a["lengths"][L], eval_b["lengths"][L], seed=int(L))} for L in shared]
+
+
 def compare(row_a: dict, row_b: dict, *, seed: int = 0) -> int:
     """−1 when r_a is decidedly below r_b, +1 when decidedly above, 0 when undecided (module docstring)."""
     paired = paired_ratio_interval(row_a, row_b, seed=seed)

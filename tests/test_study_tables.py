@@ -113,3 +113,40 @@ def test_cli_prints_tables_and_refuses_an_unknown_group(capsys):
     assert out.startswith("window-sweep:\n| cell | r(2K)") and "| rot_window_qk_W256 | " in out
     assert main(["study", "table", "owt16-debian", "bogus"]) == 2
     assert "no cells in group 'bogus'" in capsys.readouterr().err
+
+
+def test_paired_table_compares_the_shared_lengths_on_shared_windows():
+    """Lengths only one cell has are left out; a cell scored on other windows gets no paired interval."""
+    from pathlab.intervals import paired_ratio, paired_table
+
+    rng = np.random.default_rng()
+
+    def windowed(lengths):
+        out = {}
+        for L in lengths:
+            d = rng.normal(0.1, 0.05, 8)  # loss − loss at the training context, per window
+            out[str(L)] = {"ratio": float(np.exp(d.mean())), "window_loss": list(3.0 + d),
+                           "window_loss_train_context": [3.0] * 8, "window_starts": list(range(0, 80, 10))}
+        return {"train_length": 512, "lengths": out}
+
+    a, b = windowed((512, 2048, 8192, 65536)), windowed((512, 2048, 8192))
+    rows = paired_table(a, b)
+    assert [r["length"] for r in rows] == [512, 2048, 8192]
+    for r in rows:
+        want = paired_ratio(a["lengths"][str(r["length"])], b["lengths"][str(r["length"])], seed=r["length"])
+        assert r["ratio"] == pytest.approx(r["r_a"] / r["r_b"]) == pytest.approx(want["ratio"])
+        assert r["paired_ci95"] == want["paired_ci95"]
+    b["lengths"]["8192"]["window_starts"] = [s + 1 for s in b["lengths"]["8192"]["window_starts"]]
+    assert paired_table(a, b)[-1]["paired_ci95"] is None
+
+
+def test_cli_compares_two_cells_and_refuses_one_without_results(capsys):
+    from pathlab.cli import main
+
+    assert main(["study", "compare", "owt16-debian", "nope", "rope"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| L | r(nope) | r(rope) | r(nope) / r(rope) [95%] |"
+    last = lines[-1].strip("| ").split(" | ")
+    assert last[0] == "65536" and float(last[3].split()[0]) == pytest.approx(float(last[1]) / float(last[2]), rel=2e-3)
+    assert main(["study", "compare", "owt16-debian", "nope", "rot_learned_qkv"]) == 2
+    assert "no results yet for rot_learned_qkv" in capsys.readouterr().err

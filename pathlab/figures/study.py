@@ -44,6 +44,7 @@ import yaml
 
 from pathlab.atomic import atomic_write_bytes
 from pathlab.figures import study_tables
+from pathlab.intervals import paired_table
 from pathlab.training.config import repo_root, resolve_config
 
 CELL_KEYS = {"attention", "attention_kwargs", "overrides", "tokens", "group", "note"}
@@ -399,6 +400,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("--write", action="store_true",
                        help="replace the marked tables in README.md and in the study's results README")
     table.set_defaults(fast=False)
+    compare = sub.add_parser("compare", help="r(L) of one cell over another's at each length, with the paired "
+                                             "95%% interval (the same windows resampled together)")
+    compare.add_argument("study")
+    compare.add_argument("cell_a")
+    compare.add_argument("cell_b")
+    compare.set_defaults(fast=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -415,6 +422,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "table":
             return _table(study, args.tables, args.write)
+        if args.action == "compare":
+            return _compare(study, args.cell_a, args.cell_b)
         statuses = run_study(study, args.cells, budget_s=args.budget_s, device=args.device,
                              progress=not args.no_progress)
     except ValueError as err:
@@ -424,6 +433,20 @@ def run(args: argparse.Namespace) -> int:
     for c, s in statuses.items():
         print(f"{c:<28} {s}")
     return 0 if all(s in ("done",) for s in statuses.values()) else 1
+
+
+def _compare(study: dict, a: str, b: str) -> int:
+    cells = _cell_list(study, [a, b])
+    if missing_cells(study, cells):
+        raise ValueError(f"no results yet for {', '.join(missing_cells(study, cells))}")
+    evals = [json.loads((cell_results_dir(study, c) / "eval.json").read_text()) for c in cells]
+    print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
+    print(f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |\n|---|---|---|---|")
+    for row in paired_table(*evals):
+        ci = row["paired_ci95"]
+        interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "(scored on other windows)"
+        print(f"| {row['length']} | {row['r_a']:.3f} | {row['r_b']:.3f} | {row['ratio']:.3f} {interval} |")
+    return 0
 
 
 def _table(study: dict, tables, write: bool) -> int:
