@@ -26,15 +26,8 @@ from pathlab.data.corpus import check_corpus, corpus_identity
 from pathlab.data.tokens import CorpusError, read_meta, write_corpus
 from pathlab.training.trainer import TrainingDiverged, load_run, train
 
-from test_train import EOT, VOCAB, _losses, _markov_docs, tiny_config
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    folder = tmp_path_factory.mktemp("corpus")
-    return write_corpus(folder, "markov", {"train": _markov_docs(rng, 30, 400), "val": _markov_docs(rng, 4, 700)},
-                        {"name": "markov97", "vocab_size": VOCAB, "eot": EOT})
+from test_train import corpus  # noqa: F401  (the module-scoped Markov corpus fixture, shared)
+from test_train import EOT, VOCAB, _losses, _markov_docs, poison_forward, tiny_config
 
 
 def _ckpt_step(path):
@@ -47,17 +40,9 @@ def _ckpt_step(path):
 def test_nan_gradient_with_finite_loss_is_never_applied(corpus, tmp_path, monkeypatch):
     import pathlab.model
 
-    forward = pathlab.model.GPT.forward
-    calls = {"n": 0}
-
-    def poisoned(self, idx, targets=None, **kw):
-        logits, loss = forward(self, idx, targets, **kw)
-        calls["n"] += 1
-        if calls["n"] > 8:  # from iteration 4 on (2 micro-batches each): loss unchanged, gradient NaN (0 · ∞)
-            loss = loss + 0.0 * torch.sqrt(logits - logits.detach()).sum()
-        return logits, loss
-
-    monkeypatch.setattr(pathlab.model.GPT, "forward", poisoned)
+    # from iteration 4 on: the loss unchanged, its gradient NaN (0 · ∞ through the square root's derivative at 0)
+    calls, forward = poison_forward(
+        monkeypatch, lambda logits, loss: loss + 0.0 * torch.sqrt(logits - logits.detach()).sum())
     cfg = tiny_config(corpus, max_iters=8, eval_interval=0, ckpt_interval=2)
     with pytest.raises(TrainingDiverged, match=r"gradient norm became nan at iteration 4.*last good checkpoint "
                                                r"\(iteration 4\)"):

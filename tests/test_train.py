@@ -57,6 +57,24 @@ def tiny_config(corpus, **train):
     }
 
 
+def poison_forward(monkeypatch, poison, after_calls=8):
+    """Patch ``GPT.forward`` so that every call after the first ``after_calls`` returns ``poison(logits, loss)``
+    as its loss; returns the call counter (``{"n": calls so far}``, settable to replay) and the original forward.
+    With two micro-batches per iteration, ``after_calls=8`` leaves iterations 0-3 intact."""
+    import pathlab.model
+
+    forward = pathlab.model.GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        calls["n"] += 1
+        return logits, (poison(logits, loss) if calls["n"] > after_calls else loss)
+
+    monkeypatch.setattr(pathlab.model.GPT, "forward", poisoned)
+    return calls, forward
+
+
 def _losses(run_dir):
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r], [r["val_loss"] for r in rows if "val_loss" in r]
@@ -98,17 +116,7 @@ def test_resume_refuses_a_different_config_and_keeps_the_checkpoint(corpus, tmp_
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    import pathlab.model
-
-    forward = pathlab.model.GPT.forward
-    calls = {"n": 0}
-
-    def poisoned(self, idx, targets=None, **kw):
-        logits, loss = forward(self, idx, targets, **kw)
-        calls["n"] += 1
-        return logits, (loss * float("nan") if calls["n"] > 8 else loss)  # iterations 0-3 are fine (2 micro each)
-
-    monkeypatch.setattr(pathlab.model.GPT, "forward", poisoned)
+    poison_forward(monkeypatch, lambda logits, loss: loss * float("nan"))  # from iteration 4 on
     cfg = tiny_config(corpus, max_iters=8, eval_interval=0, ckpt_interval=4)
     with pytest.raises(TrainingDiverged, match=r"nan at iteration 4.*last good checkpoint \(iteration 4\)"):
         train(cfg, run_dir=tmp_path, progress=False)
