@@ -204,18 +204,22 @@ def plot_learned(data, note=""):
     axes = axes[0]
     if with_angles:
         ax = axes[0]
-        for i, c, r in with_angles:
+        # cells that share an angle table (Q/K and Q/K/V of one window) draw the same curves: a line style each
+        # keeps both visible
+        for k, (i, c, r) in enumerate(with_angles):
+            style = ("-", "--", "-.", ":")[k % 4]
             w = _arr(r["W_emp"]).ravel()
             finite = w[np.isfinite(w)]
             if finite.size:
-                ax.hist(finite, bins=np.geomspace(1, max(finite.max(), 2) * 1.1, 25), histtype="step",
+                ax.hist(finite, bins=np.geomspace(1, max(finite.max(), 2) * 1.1, 25), histtype="step", ls=style,
                         color=f"C{i}", label=f"{c}: {np.mean(np.isfinite(w)):.0%} of blocks mix")
             gamma = _arr(r["gamma"])
-            axes[1].plot(np.median(gamma.reshape(-1, gamma.shape[-1]), axis=0), "o-", ms=3, color=f"C{i}", label=c)
+            axes[1].plot(np.median(gamma.reshape(-1, gamma.shape[-1]), axis=0), marker="o", ls=style, ms=3,
+                         color=f"C{i}", label=c)
         ax.set(xscale="log", xlabel=f"mixing window W(ε={data.get('eps', 0.05)}) of a block",
                ylabel="blocks (layers × heads)", title="M2: learned mixing windows")
-        axes[1].set(xlabel="block b", ylabel="γ_b = |mean exp(iθ)| (median over layers, heads)", ylim=(0, 1.05),
-                    title="per-block spectral gap")
+        axes[1].set(xlabel="block b", ylabel="γ_b, median over layers and heads", ylim=(0, 1.05),
+                    title="per-block spectral gap γ_b = |mean exp(iθ)|")
         _legend_below(ax, 1)
         _legend_below(axes[1], 2)
     ax = axes[-1]
@@ -393,9 +397,9 @@ def plot_extrapolation(data, note=""):
             title="per-position loss at the longest L (dotted: context cut at L_train)")
     _plain_axes(ax2)
     ax3.axis("off")
-    rows = [[p["model"][:28], _length_label(p["L"]), f"{p['ratio']}×"] for p in data["published"]]
+    rows = [[p["model"], _length_label(p["L"]), f"{p['ratio']}×"] for p in data["published"]]
     table = ax3.table(cellText=rows, colLabels=["published (L_train 512)", "L", "r(L)"], loc="center",
-                      cellLoc="left")
+                      cellLoc="left", colWidths=[0.74, 0.12, 0.14])
     table.auto_set_font_size(False)
     table.set_fontsize(6)
     table.scale(1, 1.3)

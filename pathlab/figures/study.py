@@ -437,8 +437,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(study: dict, a: str, b: str) -> int:
     cells = _cell_list(study, [a, b])
-    if missing_cells(study, cells):
-        raise ValueError(f"no results yet for {', '.join(missing_cells(study, cells))}")
+    missing = missing_cells(study, cells)
+    if missing:
+        raise ValueError(f"no results yet for {', '.join(missing)}")
     evals = [json.loads((cell_results_dir(study, c) / "eval.json").read_text()) for c in cells]
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
     print(f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |\n|---|---|---|---|")
