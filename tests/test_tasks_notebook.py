@@ -10,7 +10,7 @@ from pathlab.tasks import report
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _suite(tmp_path, ff_errors, mq_acc, a5_min):
+def _suite(tmp_path, ff_errors, mq_acc, a5_min, layers=(1, 2, 3)):
     """Write a minimal suite folder: ff_errors {att: (id, sparse, dense)} fractions, mq_acc {att: {N: acc}},
     a5_min {att: {k: min layers or None}}."""
     runs = [{"attention": a, "steps": 10, "train_seconds": 1.0,
@@ -24,7 +24,7 @@ def _suite(tmp_path, ff_errors, mq_acc, a5_min):
     chains = [{"attention": a, "length": k, "min_layers": m,
                "runs": [{"settings": {"n_layer": 1}, "summary": {"sequence_accuracy": 0.5}}]}
               for a, t in a5_min.items() for k, m in t.items()]
-    (tmp_path / "a5_sweep.json").write_text(json.dumps({"chains": chains, "layers": [1, 2, 3], "solved_at": 0.9}))
+    (tmp_path / "a5_sweep.json").write_text(json.dumps({"chains": chains, "layers": list(layers), "solved_at": 0.9}))
     return tmp_path
 
 
@@ -40,7 +40,7 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
     assert data["mqrar_accuracy"]["fox"] == {2: 0.6, 3: 0.2}
     assert set(data["mqrar_baselines"]) == {1, 2, 3}
     assert 2 / 64 < data["mqrar_baselines"][2]["frequent_value"] < data["mqrar_baselines"][2]["key_blind"] < 0.5
-    assert all(report.state_tracking_claims(data).values()) and len(report.state_tracking_claims(data)) == 6
+    assert all(report.state_tracking_claims(data).values()) and len(report.state_tracking_claims(data)) == 7
     assert "| PaTH | 0% / 0% | 0.05% / 0.0001% |" in report.format_flipflop_table(data["flipflop"])
     digest = report.summary_markdown(good)
     assert "| RoPE | 2 | — |" in digest and "| PaTH | 100.0% | 90.0% | 80.0% |" in digest
@@ -59,9 +59,34 @@ def test_tables_and_claims_follow_the_numbers(tmp_path):
                       "flipflop_rope_sparse_error_clearly_above_path": False,
                       "mqrar_path_recalls_beyond_the_key_blind_guess_for_n_2_and_3": True,
                       "mqrar_path_above_rope_and_fox_for_n_2_and_3": False,
-                      "a5_path_needs_no_more_layers_than_rope": False}
+                      "a5_path_needs_no_more_layers_than_rope": False,
+                      "a5_path_needs_fewer_layers_than_rope_at_some_length": False}
     fig = report.plot_state_tracking(report.state_tracking_data(bad))
     assert len(fig.axes) == 4
+
+
+def test_a5_claims_respect_depths_not_tried(tmp_path):
+    # depths 2-4 tried: a chain solved at depth 2 says "at most 2", so PaTH at <=2 against RoPE at <=2 is
+    # undecided, and the separation holds only where RoPE needed a depth that PaTH's bound beats
+    ff, mq = {"path": (0.0, 0.0, 0.0)}, {}
+    tie = report.state_tracking_data(_suite(tmp_path, ff, mq, {"path": {4: 2}, "rope": {4: 2}}, layers=(2, 3, 4)))
+    claims = report.state_tracking_claims(tie)
+    assert claims["a5_path_needs_no_more_layers_than_rope"] is None
+    assert claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] is None
+    assert "| PaTH | ≤2 |" in report.summary_markdown(tmp_path)
+    apart = report.state_tracking_data(_suite(tmp_path, ff, mq, {"path": {4: 2, 16: 2}, "rope": {4: 2, 16: None}},
+                                              layers=(2, 3, 4)))
+    claims = report.state_tracking_claims(apart)
+    assert claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] is True
+    assert claims["a5_path_needs_no_more_layers_than_rope"] is None  # k = 4 stays undecided
+    behind = report.state_tracking_data(_suite(tmp_path, ff, mq, {"path": {8: 3, 16: None}, "rope": {8: 2, 16: 4}},
+                                               layers=(2, 3, 4)))
+    claims = report.state_tracking_claims(behind)  # the negative control: RoPE ahead at every length
+    assert claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] is False
+    assert claims["a5_path_needs_no_more_layers_than_rope"] is False
+    assert report.a5_depth_bounds(None, (2, 3, 4)) == (5, 5) and report.a5_depth_bounds(3, (2, 3, 4)) == (3, 3)
+    fig = report.plot_state_tracking(apart)
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["≤2", "3", "4", ">4"]
 
 
 def test_mqrar_comparison_is_undecided_while_path_sits_at_the_blind_guess(tmp_path):

@@ -188,6 +188,27 @@ def state_tracking_data(folder: str | Path) -> dict:
     return data
 
 
+def a5_depth_bounds(min_layers: int | None, tried) -> tuple[int, int]:
+    """Bounds (lo, hi) on the minimum depth that solves a length, from a chain over the depths ``tried``.
+
+    A chain that solved at its shallowest depth d0 > 1 says only that the minimum is at most d0 (depths below d0
+    were not tried): (1, d0). A chain that solved at a deeper depth d: (d, d). One that solved at no depth tried:
+    (max + 1, max + 1), "more than the deepest tried", compared as one value.
+    """
+    lowest, never = min(tried), max(tried) + 1
+    if min_layers is None:
+        return never, never
+    return (1 if min_layers == lowest else min_layers), min_layers
+
+
+def a5_depth_label(min_layers: int | None, tried) -> str:
+    """The table entry for one chain: "2", "≤2" (solved at the shallowest depth tried, above 1) or "—"."""
+    if min_layers is None:
+        return "—"
+    lo, hi = a5_depth_bounds(min_layers, tried)
+    return str(hi) if lo == hi else f"≤{hi}"
+
+
 # ------------------------------------------------------------------------------------------------- claims
 
 
@@ -214,10 +235,22 @@ def state_tracking_claims(data: Mapping) -> dict[str, bool | None]:
                 mq["path"][n] > mq[a].get(n, 1.0) for n in (2, 3) for a in ("rope", "fox")) if learned else None
     a5 = {a: {int(k): v for k, v in t.items()} for a, t in data.get("a5_min_layers", {}).items()}
     if "path" in a5 and "rope" in a5:
-        never = max(data.get("a5_layers_tried") or [0]) + 1  # "not solved by any depth tried"
+        tried = data.get("a5_layers_tried") or [1]
         common = sorted(set(a5["path"]) & set(a5["rope"]))
-        claims["a5_path_needs_no_more_layers_than_rope"] = bool(common) and all(
-            (a5["path"][k] or never) <= (a5["rope"][k] or never) for k in common)
+        path = [a5_depth_bounds(a5["path"][k], tried) for k in common]
+        rope = [a5_depth_bounds(a5["rope"][k], tried) for k in common]
+        pairs = list(zip(path, rope))
+        # (lo, hi) bounds on each minimum depth: a claim is decided only where the bounds decide it
+        if not common:
+            claims["a5_path_needs_no_more_layers_than_rope"] = False
+            claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] = False
+        else:
+            claims["a5_path_needs_no_more_layers_than_rope"] = (
+                True if all(p[1] <= r[0] for p, r in pairs) else
+                False if any(p[0] > r[1] for p, r in pairs) else None)
+            claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] = (
+                True if any(p[1] < r[0] for p, r in pairs) else
+                False if all(p[0] >= r[1] for p, r in pairs) else None)
     return claims
 
 
@@ -260,7 +293,9 @@ def plot_state_tracking(data: Mapping):
         ys = [by_len[k] if by_len.get(k) is not None else never for k in ks]
         ax.plot(ks, [y + 0.04 * (i - 1.5) for y in ys], marker="o", label=_label(att), color=_color(att))
     ax.axhline(never - 0.5, color="grey", lw=0.8, ls=":")
-    ax.set_yticks(list(range(1, never + 1)), [str(n) for n in range(1, never)] + [f">{never - 1}"])
+    lowest = min(tried)  # a chain solved at its shallowest depth above 1 is drawn there, labelled "≤"
+    ax.set_yticks(list(range(lowest, never + 1)),
+                  [f"≤{n}" if n == lowest > 1 else str(n) for n in range(lowest, never)] + [f">{never - 1}"])
     ax.set_xticks(sorted({int(k) for t in table.values() for k in t}))
     ax.set_xlabel("sequence length k")
     ax.set_ylabel(f"min layers (seq. acc. > {data.get('a5_solved_at', 0.9):.0%})")
@@ -309,13 +344,15 @@ def summary_markdown(folder: str | Path) -> str:
         parts += ["**Flip-flop read error (ours / PaTH Table 1)**", "", format_flipflop_table(data["flipflop"]), ""]
     if "a5_min_layers" in data:
         lengths = sorted({k for t in data["a5_min_layers"].values() for k in t})
+        tried = data.get("a5_layers_tried") or [1]
+        below = f"; ≤{min(tried)} = solved at {min(tried)}, shallower depths not tried" if min(tried) > 1 else ""
         parts += ["**A5: minimum layers with sequence accuracy > 90%** (— = none of "
-                  f"{data.get('a5_layers_tried')}; n/a = not run)", "",
+                  f"{tried}{below}; n/a = not run)", "",
                   "| model | " + " | ".join(f"k={k}" for k in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for att, t in data["a5_min_layers"].items():
             parts.append(f"| {_label(att)} | " + " | ".join(
-                "n/a" if k not in t else str(t[k] or "—") for k in lengths) + " |")
+                "n/a" if k not in t else a5_depth_label(t[k], tried) for k in lengths) + " |")
         parts.append("")
     if "mqrar_accuracy" in data:
         ns = sorted({n for t in data["mqrar_accuracy"].values() for n in t})
