@@ -342,3 +342,29 @@ def test_markdown_table_lists_cells_and_published_numbers(cells):
     data, _, _ = summaries.extrapolation_summary(cells)
     text = summaries.extrapolation_markdown(data)
     assert "| rope |" in text and "published" in text and "[" in text
+
+
+def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
+    """A second seed that moves RoPE's r(1K) by e^{0.3} differs beyond the windows' interval, one that moves PaTH's
+    by a few thousandths does not; ``path_flatter_than_rope_at_seed2`` is decided on the second seeds alone, and
+    fails where the second seeds rank the other way."""
+    rng = np.random.default_rng()
+    text = rng.normal(1.0, 0.5, 32)  # the windows' difficulty, shared by every cell
+
+    def noise():
+        return rng.normal(0.0, 0.01, 32)
+
+    cells = {"rope": {"eval": _windowed_eval(text + 2.0 + noise())},
+             "rope-seed2": {"eval": _windowed_eval(text + 1.7 + noise())},
+             "path": {"eval": _windowed_eval(text + noise())},
+             "path-seed2": {"eval": _windowed_eval(text + noise())}}
+    data, claims, _ = summaries.seeds_summary(cells)
+    assert set(data["pairs"]) == {"rope", "path"}
+    assert data["pairs"]["rope"]["seeds_differ_beyond_windows"] is True
+    assert data["pairs"]["path"]["seeds_differ_beyond_windows"] is False
+    (row,) = [r for r in data["pairs"]["rope"]["seed_ratio"] if r["L"] == 1024]
+    assert row["paired_ci95"][0] <= row["ratio"] <= row["paired_ci95"][1] and row["paired_ci95"][0] > 1.2
+    assert claims == {"path_flatter_than_rope_at_seed2": True}
+    cells["path-seed2"]["eval"] = _windowed_eval(text + 2.5 + noise())  # now worse than RoPE's second seed
+    assert summaries.seeds_summary(cells)[1] == {"path_flatter_than_rope_at_seed2": False}
+    assert summaries.seeds_summary({c: cells[c] for c in ("rope", "path")}) == ({"pairs": {}}, {}, {})

@@ -375,20 +375,25 @@ def plot_coherence_model(data, note=""):
 
 
 def plot_extrapolation(data, note=""):
-    """M7: r(L) against L with 95% bootstrap bands, the per-position loss at the longest L (long context against
-    the context cut at the training length), and the published ratios in a table of their own."""
+    """M7: r(L) against L with 95% bootstrap bands (dashed: a cell's second seed, where ``data["seeds"]`` has
+    one), the per-position loss at the longest L (long context against the context cut at the training length),
+    and the published ratios in a table of their own."""
     plt = setup()
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.2, 1.2, 0.8]})
+    twins = data.get("seeds", {}).get("pairs", {})
     for i, (c, r) in enumerate(data["cells"].items()):
         L = np.asarray(r["lengths"])
         ax.plot(L, _positive(r["ratio"]), "o-", ms=3, color=f"C{i}", label=c)
         ax.fill_between(L, _positive(r["ratio_lo"]), _positive(r["ratio_hi"]), color=f"C{i}", alpha=0.15)
+        if c in twins:
+            ax.plot(twins[c]["lengths"], _positive(twins[c]["seed2"]), "--", lw=0.9, color=f"C{i}")
         pos = np.maximum(_arr(r["position"]), 0.5)
         ax2.plot(pos, _arr(r["position_loss"]), color=f"C{i}", label=c)
         ax2.plot(pos, _arr(r["position_loss_train_context"]), color=f"C{i}", lw=0.6, ls=":")
     ax.axhline(1, color="k", lw=0.5)
     ax.set(xscale="log", yscale="log", xlabel="evaluation length L", ylabel="r(L) = PPL(L) / PPL_train(L)",
-           title="M7: perplexity ratio on the same tokens (bands: 95%)")
+           title="M7: perplexity ratio on the same tokens (bands: 95%)"
+                 + ("; dashed: second seed" if twins else ""))
     if data["cells"]:
         length_axis(ax, [L for r in data["cells"].values() for L in r["lengths"]], log_y=True)
         ax2.axvline(next(iter(data["cells"].values()))["train_length"], color="grey", ls="--", lw=0.8)

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from pathlab.attention.registry import attention_class, attention_settings
-from pathlab.intervals import compare, order, paired_ratio, verdict
+from pathlab.intervals import compare, order, paired_ratio, paired_table, verdict
 from pathlab.probes.records import length_entry
 
 
@@ -451,14 +451,7 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
         claims["rope_degrades_beyond_training"] = verdict([order((2.0, 2.0), ci)], -1)
     if "alibi" in rows:
         claims["alibi_stays_flat"] = verdict([order(longest_row(cells["alibi"]["eval"])["ratio_ci95"], (1.2, 1.2))], -1)
-    pairs = {"accumulated_rotations_beat_rope": ("rot_random_qk", "rope"),
-             "qkv_flatter_than_qk": ("rot_random_qkv", "rot_random_qk"),
-             "path_flatter_than_rope": ("path", "rope"), "path_fox_no_worse_than_path": ("path_fox", "path")}
-    for name, (a, b) in pairs.items():
-        if a in cells and b in cells:
-            L = min(rows[a]["lengths"][-1], rows[b]["lengths"][-1])
-            o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
-            claims[name] = o != 1 if name.endswith("than_path") else verdict([o], -1)
+    claims.update(pair_claims(cells))
     if "rope" in rows:  # at each length beyond the training length that both have, seeded by L as the claims
         base = cells["rope"]["eval"]["lengths"]
         data["paired_to_rope"] = {
@@ -466,6 +459,24 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
                 for L in sorted(set(cells[c]["eval"]["lengths"]) & set(base), key=int)[1:]]
             for c in rows if c != "rope"}
     return data, claims, {}
+
+
+PAIR_CLAIMS = {"accumulated_rotations_beat_rope": ("rot_random_qk", "rope"),
+               "qkv_flatter_than_qk": ("rot_random_qkv", "rot_random_qk"),
+               "path_flatter_than_rope": ("path", "rope"), "path_fox_no_worse_than_path": ("path_fox", "path")}
+
+
+def pair_claims(cells: dict, suffix: str = "") -> dict:
+    """The claims of M7 that compare two cells (``PAIR_CLAIMS``: a is flatter than b), each decided at the longest
+    length both were evaluated at by the paired interval of r_a / r_b on the same windows (``no_worse`` claims are
+    False only when a is decidedly worse). ``suffix`` is appended to each claim's name."""
+    claims = {}
+    for name, (a, b) in PAIR_CLAIMS.items():
+        if a in cells and b in cells:
+            L = min(max(int(x) for x in cells[a]["eval"]["lengths"]), max(int(x) for x in cells[b]["eval"]["lengths"]))
+            o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
+            claims[name + suffix] = o != 1 if name.endswith("than_path") else verdict([o], -1)
+    return claims
 
 
 def longest_row(ev: dict, scaling: str = "lengths") -> dict:
@@ -606,15 +617,32 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
 
 
 def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
-    """r(L) of each cell and its second seed side by side (``<cell>-seed2``): the spread between seeds."""
+    """Each cell beside its second seed ``<cell>-seed2`` (initialisation, data order and random tables changed).
+
+    ``data["pairs"][c]``: both seeds' r(L) and loss at the training length, and at every length the ratio
+    r_seed1 / r_seed2 with its paired interval over windows. That interval holds the windows' spread only: where
+    it excludes 1 (``seeds_differ_beyond_windows``) the two trainings differ by more than the windows explain,
+    and a comparison between cells is to be read against the spread between seeds as well.
+    Claims: each pair claim of :func:`extrapolation_summary` made again on the second seeds alone
+    (``<claim>_at_seed2``) where both cells have one: a claim that holds at one seed and fails at the other
+    does not hold at this scale.
+    """
     data = {"pairs": {}}
+    twins = {}
     for c in cells:
         twin = f"{c}-seed2"
         if twin in cells:
+            twins[c] = cells[twin]
             a, b = length_rows(cells[c]["eval"]), length_rows(cells[twin]["eval"])
+            table = paired_table(cells[c]["eval"], cells[twin]["eval"])
             data["pairs"][c] = {"lengths": a["lengths"], "seed1": a["ratio"], "seed2": b["ratio"],
-                                "loss_seed1": a["loss"][0], "loss_seed2": b["loss"][0]}
-    return data, {}, {}
+                                "loss_seed1": a["loss"][0], "loss_seed2": b["loss"][0],
+                                "seed_ratio": [{"L": t["length"], "ratio": t["ratio"], "paired_ci95": t["paired_ci95"]}
+                                               for t in table],
+                                "seeds_differ_beyond_windows": any(
+                                    t["paired_ci95"] is not None and order(t["paired_ci95"], (1.0, 1.0)) != 0
+                                    for t in table)}
+    return data, pair_claims(twins, "_at_seed2"), {}
 
 
 def extrapolation_markdown(data: dict) -> str:
