@@ -346,7 +346,7 @@ def test_markdown_table_lists_cells_and_published_numbers(cells):
 
 def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
     """A second seed that moves RoPE's r(1K) by e^{0.3} differs beyond the windows' interval, one that moves PaTH's
-    by a few thousandths does not; ``path_flatter_than_rope_at_seed2`` is decided on the second seeds alone, and
+    windows by ±0.002 nats and its mean not at all does not; ``path_flatter_than_rope_at_seed2`` is decided on the second seeds alone, and
     fails where the second seeds rank the other way."""
     rng = np.random.default_rng()
     text = rng.normal(1.0, 0.5, 32)  # the windows' difficulty, shared by every cell
@@ -354,10 +354,12 @@ def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
     def noise():
         return rng.normal(0.0, 0.01, 32)
 
+    path = text + noise()
+    wobble = 0.002 * (-1.0) ** np.arange(32)  # a second seed that differs window by window but not on average
     cells = {"rope": {"eval": _windowed_eval(text + 2.0 + noise())},
              "rope-seed2": {"eval": _windowed_eval(text + 1.7 + noise())},
-             "path": {"eval": _windowed_eval(text + noise())},
-             "path-seed2": {"eval": _windowed_eval(text + noise())}}
+             "path": {"eval": _windowed_eval(path)},
+             "path-seed2": {"eval": _windowed_eval(path + wobble)}}
     data, claims, _ = summaries.seeds_summary(cells)
     assert set(data["pairs"]) == {"rope", "path"}
     assert data["pairs"]["rope"]["seeds_differ_beyond_windows"] is True
@@ -368,3 +370,5 @@ def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
     cells["path-seed2"]["eval"] = _windowed_eval(text + 2.5 + noise())  # now worse than RoPE's second seed
     assert summaries.seeds_summary(cells)[1] == {"path_flatter_than_rope_at_seed2": False}
     assert summaries.seeds_summary({c: cells[c] for c in ("rope", "path")}) == ({"pairs": {}}, {}, {})
+    cells["rope-seed2"]["eval"]["lengths"]["1024"]["window_starts"] = list(range(100, 132))  # other windows
+    assert summaries.seeds_summary(cells)[0]["pairs"]["rope"]["seeds_differ_beyond_windows"] is None

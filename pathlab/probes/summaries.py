@@ -621,8 +621,9 @@ def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
 
     ``data["pairs"][c]``: both seeds' r(L) and loss at the training length, and at every length the ratio
     r_seed1 / r_seed2 with its paired interval over windows. That interval holds the windows' spread only: where
-    it excludes 1 (``seeds_differ_beyond_windows``) the two trainings differ by more than the windows explain,
-    and a comparison between cells is to be read against the spread between seeds as well.
+    it excludes 1 at a length beyond the training length (``seeds_differ_beyond_windows``; None when the seeds
+    were scored on other windows) the two trainings differ by more than the windows explain, and a comparison
+    between cells is to be read against the spread between seeds as well.
     Claims: each pair claim of :func:`extrapolation_summary` made again on the second seeds alone
     (``<claim>_at_seed2``) where both cells have one: a claim that holds at one seed and fails at the other
     does not hold at this scale.
@@ -639,10 +640,15 @@ def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
                                 "loss_seed1": a["loss"][0], "loss_seed2": b["loss"][0],
                                 "seed_ratio": [{"L": t["length"], "ratio": t["ratio"], "paired_ci95": t["paired_ci95"]}
                                                for t in table],
-                                "seeds_differ_beyond_windows": any(
-                                    t["paired_ci95"] is not None and order(t["paired_ci95"], (1.0, 1.0)) != 0
-                                    for t in table)}
+                                "seeds_differ_beyond_windows": _beyond_windows(table[1:])}
     return data, pair_claims(twins, "_at_seed2"), {}
+
+
+def _beyond_windows(table: list[dict]) -> bool | None:
+    """Whether any paired interval of these ``paired_table`` rows excludes 1; None when none has one (other
+    windows)."""
+    decided = [order(t["paired_ci95"], (1.0, 1.0)) for t in table if t["paired_ci95"] is not None]
+    return any(o != 0 for o in decided) if decided else None
 
 
 def extrapolation_markdown(data: dict) -> str:
