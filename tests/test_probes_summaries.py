@@ -345,9 +345,9 @@ def test_markdown_table_lists_cells_and_published_numbers(cells):
 
 
 def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
-    """A second seed that moves RoPE's r(1K) by e^{0.3} differs beyond the windows' interval, one that moves PaTH's
-    windows by ±0.002 nats and its mean not at all does not; ``path_flatter_than_rope_at_seed2`` is decided on the second seeds alone, and
-    fails where the second seeds rank the other way."""
+    """A second seed that moves RoPE's r(1K) by e^{0.3} differs beyond the windows' interval, one that moves each
+    of PaTH's windows by ±0.002 nats and their mean not at all does not; ``path_flatter_than_rope_at_seed2`` is
+    decided on the second seeds alone, and fails where the second seeds rank the other way."""
     rng = np.random.default_rng()
     text = rng.normal(1.0, 0.5, 32)  # the windows' difficulty, shared by every cell
 
