@@ -128,3 +128,22 @@ def test_figure_inputs_train_the_missing_cells_of_a_cpu_study(corpus, tmp_path, 
         studies.figure_inputs("unit", "score_gaps")
     with pytest.raises(ValueError, match="variants: unknown"):
         studies.figure_inputs("unit", "far_mass", only="rope,bogus")
+
+
+@pytest.mark.parametrize("name", ["cell.json", "eval.json", "probes.npz"])
+def test_a_corrupt_result_file_is_refused_with_its_path(tmp_path, name):
+    """A truncated result file stops loading with an error that names the file and the way back (git, or the cell
+    run again), for the figures and for `pathlab study compare`; the committed cell loads as it is."""
+    import shutil
+
+    owt = studies.load_study("owt16-debian")
+    s = {**owt, "results_dir": str(tmp_path)}
+    shutil.copytree(studies.cell_results_dir(owt, "path-seed2"), tmp_path / "path-seed2")
+    assert list(studies.load_cells(s, ["path-seed2"])) == ["path-seed2"]
+    target = tmp_path / "path-seed2" / name
+    target.write_bytes(target.read_bytes()[:200])
+    with pytest.raises(ValueError, match=rf"cell 'path-seed2': .*{name} cannot be read.*--cells path-seed2"):
+        studies.load_cells(s, ["path-seed2"])
+    if name == "eval.json":
+        with pytest.raises(ValueError, match="eval.json cannot be read"):
+            studies._compare(s, "path-seed2", "path-seed2")

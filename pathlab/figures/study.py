@@ -38,6 +38,7 @@ import json
 import math
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -361,13 +362,23 @@ def load_cells(study: dict, cells) -> dict:
 
     out = {}
     for c in cells:
-        folder = cell_results_dir(study, c)
-        if not (folder / "cell.json").is_file():
+        if not (cell_results_dir(study, c) / "cell.json").is_file():
             continue
-        out[c] = {"cell": json.loads((folder / "cell.json").read_text()),
-                  "eval": json.loads((folder / "eval.json").read_text()),
-                  "record": records.load_record(folder / "probes.npz")}
+        out[c] = {"cell": read_cell_file(study, c, "cell.json"), "eval": read_cell_file(study, c, "eval.json"),
+                  "record": read_cell_file(study, c, "probes.npz", records.load_record)}
     return out
+
+
+def read_cell_file(study: dict, cell: str, name: str, reader=None):
+    """One result file of a cell (JSON unless ``reader`` is given), or a ValueError that names the file and how to
+    get it back: a truncated or corrupt file must stop a figure, never feed it."""
+    path = cell_results_dir(study, cell) / name
+    try:
+        return reader(path) if reader else json.loads(path.read_text())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise ValueError(f"study {study['name']!r}, cell {cell!r}: {path} cannot be read ({type(err).__name__}: "
+                         f"{err}); restore it from git or run the cell again (`pathlab study run {study['name']} "
+                         f"--cells {cell}` after removing its folder)") from err
 
 
 def missing_cells(study: dict, cells) -> list[str]:
@@ -440,7 +451,7 @@ def _compare(study: dict, a: str, b: str) -> int:
     missing = missing_cells(study, cells)
     if missing:
         raise ValueError(f"no results yet for {', '.join(missing)}")
-    evals = [json.loads((cell_results_dir(study, c) / "eval.json").read_text()) for c in cells]
+    evals = [read_cell_file(study, c, "eval.json") for c in cells]
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
     print(f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |\n|---|---|---|---|")
     for row in paired_table(*evals):
