@@ -111,6 +111,15 @@ def test_find_results_prefers_complete_folders(tmp_path):
     assert report.find_results(tmp_path) == tmp_path / "cpu"
 
 
+def test_a_truncated_suite_file_is_refused_with_its_path(tmp_path):
+    _suite(tmp_path, {"path": (0, 0, 0)}, {"path": {1: 1.0}}, {"path": {4: 1}})
+    assert set(report.load_suite(tmp_path)) == {"flipflop", "mqrar", "a5"}
+    path = tmp_path / "mqrar.json"
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(ValueError, match=r"mqrar\.json cannot be read"):
+        report.load_suite(tmp_path)
+
+
 @pytest.mark.notebooks
 def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
     from pathlab.figures.pipeline import collect_outputs, run_notebook

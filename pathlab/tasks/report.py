@@ -57,13 +57,18 @@ def find_results(root: str | Path, prefer=("h200", "cpu")) -> Path | None:
 
 
 def load_suite(folder: str | Path) -> dict[str, dict]:
-    """{"flipflop": ..., "mqrar": ..., "a5": ...} from a suite folder (missing files are left out)."""
+    """{"flipflop": ..., "mqrar": ..., "a5": ...} from a suite folder (missing files are left out); an unreadable
+    file is refused with its path, never skipped."""
     out = {}
     for task, name in FILES.items():
         path = Path(folder) / name
         if path.is_file():
-            with open(path, encoding="utf-8") as f:
-                out[task] = json.load(f)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    out[task] = json.load(f)
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); restore it from git or run "
+                                 f"the task suite again") from err
     return out
 
 
