@@ -5,6 +5,11 @@ are compared *paired*: the windows are resampled together and the interval is th
 removes the variation of the text that both share. A comparison is decided (−1 or +1) when that interval
 excludes 1, and undecided (0) otherwise; cells scored on different windows fall back to their two marginal
 intervals, decided only when those are disjoint.
+
+Windows are not the only source of spread: two trainings of one cell that differ only in their seed can differ by
+more than the windows explain. Where a study trained second seeds, :func:`seed_margins` measures that spread and a
+comparison passed ``margin=m`` is decided only when its interval lies wholly outside [1/m, m]: beyond what
+retraining alone moved r by.
 """
 
 from __future__ import annotations
@@ -58,12 +63,41 @@ def paired_table(eval_a: dict, eval_b: dict) -> list[dict]:
              **paired_ratio(eval_a["lengths"][L], eval_b["lengths"][L], seed=int(L))} for L in shared]
 
 
-def compare(row_a: dict, row_b: dict, *, seed: int = 0) -> int:
-    """−1 when r_a is decidedly below r_b, +1 when decidedly above, 0 when undecided (module docstring)."""
+def compare(row_a: dict, row_b: dict, *, seed: int = 0, margin: float = 1.0) -> int:
+    """−1 when r_a is decidedly below r_b, +1 when decidedly above, 0 when undecided (module docstring): the
+    interval of r_a / r_b must lie wholly below 1/margin or wholly above margin. On different windows that
+    interval is the conservative (lo_a / hi_b, hi_a / lo_b), which at margin 1 decides exactly when the two
+    marginal intervals are disjoint."""
+    if margin < 1.0:
+        raise ValueError(f"a margin is a ratio of at least 1, got {margin}")
     paired = paired_ratio_interval(row_a, row_b, seed=seed)
-    if paired is not None:
-        return order(paired, (1.0, 1.0))
-    return order(row_a["ratio_ci95"], row_b["ratio_ci95"])
+    if paired is None:
+        (lo_a, hi_a), (lo_b, hi_b) = row_a["ratio_ci95"], row_b["ratio_ci95"]
+        paired = (lo_a / hi_b, hi_a / lo_b)
+    return order(paired, (1.0 / margin, margin))
+
+
+def seed_margins(pairs) -> dict[int, float]:
+    """The spread between seeds, per evaluation length: for pairs ``(eval_seed1, eval_seed2)`` of ``eval.json``
+    files, m(L) = max over pairs of max(q, 1/q) with q = r_seed1(L) / r_seed2(L), at every length some pair has.
+
+    The largest spread seen rather than a typical one, since a few pairs estimate it: a comparison that clears
+    m(L) (``compare(..., margin=m(L))``) differs by more than any retraining of one cell did. ``{}`` without
+    pairs.
+    """
+    spread: dict[int, float] = {}
+    for a, b in pairs:
+        for L in set(a["lengths"]) & set(b["lengths"]):
+            q = a["lengths"][L]["ratio"] / b["lengths"][L]["ratio"]
+            spread[int(L)] = max(spread.get(int(L), 1.0), q, 1.0 / q)
+    return dict(sorted(spread.items()))
+
+
+def margin_at(margins: dict | None, length: int) -> float:
+    """The seed margin at ``length``: 1 without margins, the largest one where no pair reached this length."""
+    if not margins:
+        return 1.0
+    return float(margins.get(int(length), max(margins.values())))
 
 
 def verdict(orders, want: int) -> bool | None:

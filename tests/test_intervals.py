@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pathlab.intervals import bootstrap_ratio, compare, order, paired_ratio_interval, verdict
+from pathlab.intervals import bootstrap_ratio, compare, margin_at, order, paired_ratio_interval, seed_margins, verdict
 
 
 def _row(d, starts, base=3.0):
@@ -34,6 +34,36 @@ def test_different_windows_fall_back_to_the_marginal_intervals():
     assert paired_ratio_interval(a, b) is None and compare(a, b) == 0
     far = _row(text + 3.0, range(1, 33))
     assert compare(far, b) == 1
+
+
+def test_a_margin_leaves_open_what_lies_within_the_seed_spread():
+    rng = np.random.default_rng()
+    text = rng.normal(0.0, 1.0, 64)
+    a, b = _row(text + 0.1 + rng.normal(0, 0.01, 64), range(64)), _row(text, range(64))
+    lo, hi = paired_ratio_interval(a, b)
+    assert compare(a, b, margin=1.0) == 1
+    assert compare(a, b, margin=(lo + 1.0) / 2) == 1  # the interval clears a margin below its lower end
+    assert compare(a, b, margin=lo * 1.01) == 0 and compare(b, a, margin=lo * 1.01) == 0  # not one that reaches in
+    assert compare(_row(text + 1.0, range(64)), b, margin=lo * 1.01) == 1  # a larger effect clears it
+    far = _row(text + 3.0, range(1, 65))  # other windows: the conservative interval (lo_far / hi_b, hi_far / lo_b)
+    lo_c = far["ratio_ci95"][0] / b["ratio_ci95"][1]
+    assert compare(far, b, margin=lo_c * 0.99) == 1 and compare(far, b, margin=lo_c * 1.01) == 0
+    with pytest.raises(ValueError, match="at least 1"):
+        compare(a, b, margin=0.9)
+
+
+def test_seed_margins_take_the_largest_spread_between_seeds_at_each_length():
+    def ev(ratios):
+        return {"lengths": {str(L): {"ratio": r} for L, r in ratios.items()}}
+
+    pairs = [(ev({512: 1.0, 8192: 2.4, 65536: 3.0}), ev({512: 1.0, 8192: 2.0, 65536: 3.3})),
+             (ev({512: 1.0, 8192: 1.0}), ev({512: 1.0, 8192: 1.1}))]
+    margins = seed_margins(pairs)
+    assert list(margins) == [512, 8192, 65536]
+    assert margins[512] == 1.0 and margins[8192] == pytest.approx(1.2) and margins[65536] == pytest.approx(1.1)
+    assert margin_at(margins, 8192) == pytest.approx(1.2)
+    assert margin_at(margins, 16384) == pytest.approx(1.2)  # no pair there: the largest spread seen
+    assert seed_margins([]) == {} and margin_at({}, 8192) == 1.0 and margin_at(None, 8192) == 1.0
 
 
 def test_verdict_needs_every_comparison_decided_the_wanted_way():

@@ -338,6 +338,37 @@ def test_paired_ratios_to_rope_on_shared_and_on_other_windows():
     assert data["paired_to_rope"]["path"][0]["paired_ci95"] is None
 
 
+def test_a_seed_margin_leaves_open_what_retraining_alone_could_move():
+    """The same cells, decided by their windows alone and then against a spread between seeds: each claim that
+    compares cells (M7 pairs, the W sweep, the M8 gate) holds by the windows, falls to None when the margin is
+    wider than the effect, and holds again when the effect clears the margin."""
+    rng = np.random.default_rng()
+    text = rng.normal(1.0, 0.5, 32)
+
+    def noise():
+        return rng.normal(0.0, 0.01, 32)
+
+    def claims_at(effect, margin):
+        margins = {1024: margin} if margin else None
+        pair = {"rope": {"cell": {"attention": "rope"}, "eval": _windowed_eval(text + 0.5 + noise())},
+                "path": {"cell": {"attention": "path"}, "eval": _windowed_eval(text + 0.5 - effect + noise())}}
+        sweep = {"rope": pair["rope"],
+                 "rot_random_qk_W16": {"cell": {"attention": "rot_random_qk", "attention_kwargs": {"window": 16}},
+                                       "eval": _windowed_eval(text + 0.5 - effect + noise())}}
+        gate = {"rot_random_qk": {"cell": {"attention": "rot_random_qk"}, "eval": pair["rope"]["eval"]},
+                "rot_random_qk_fox": {"cell": {"attention": "rot_random_qk_fox"}, "eval": pair["path"]["eval"]}}
+        m7 = summaries.extrapolation_summary(pair, margins)[1]["path_flatter_than_rope"]
+        w = summaries.window_sweep_summary(sweep, lengths=(1024,), margins=margins)[1]
+        m8 = summaries.ablation_summary(gate, margins)[1]["gate_improves_rotations"]
+        return m7, w["qk_windows_below_training_length_extrapolate_better"], m8
+
+    assert claims_at(0.1, None) == (True, True, True)  # e^0.1 ≈ ×1.105, decided by the windows
+    assert claims_at(0.1, 1.2) == (None, None, None)  # within a ×1.2 spread between seeds: open
+    assert claims_at(0.4, 1.2) == (True, True, True)  # e^0.4 ≈ ×1.49 clears it
+    assert summaries.extrapolation_summary({"rope": {"eval": _windowed_eval(text + 0.5)}}, {1024: 1.2})[0][
+        "seed_margins"] == {1024: 1.2}
+
+
 def test_markdown_table_lists_cells_and_published_numbers(cells):
     data, _, _ = summaries.extrapolation_summary(cells)
     text = summaries.extrapolation_markdown(data)

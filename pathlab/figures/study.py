@@ -44,8 +44,8 @@ from pathlib import Path
 import yaml
 
 from pathlab.atomic import atomic_write_bytes
+from pathlab import intervals
 from pathlab.figures import study_tables
-from pathlab.intervals import paired_table
 from pathlab.training.config import repo_root, resolve_config
 
 CELL_KEYS = {"attention", "attention_kwargs", "overrides", "tokens", "group", "note"}
@@ -369,6 +369,17 @@ def load_cells(study: dict, cells) -> dict:
     return out
 
 
+def seed_margins(profile: str, *, fast: bool = False) -> dict[int, float]:
+    """The study's spread between seeds at each evaluation length (:func:`pathlab.intervals.seed_margins`), from
+    the cells of its ``seeds`` figure that have results, each paired with ``<cell>-seed2``: the margin every
+    figure's comparisons between cells must clear. ``{}`` for a study without second seeds."""
+    study = load_study(profile, fast=fast)
+    names = [c for c in study["figures"].get("seeds", []) if f"{c}-seed2" in study["figures"]["seeds"]]
+    done = [c for c in names if not missing_cells(study, [c, f"{c}-seed2"])]
+    return intervals.seed_margins([(read_cell_file(study, c, "eval.json"),
+                                    read_cell_file(study, f"{c}-seed2", "eval.json")) for c in done])
+
+
 def read_cell_file(study: dict, cell: str, name: str, reader=None):
     """One result file of a cell (JSON unless ``reader`` is given), or a ValueError that names the file and how to
     get it back: a truncated or corrupt file must stop a figure, never feed it."""
@@ -454,7 +465,7 @@ def _compare(study: dict, a: str, b: str) -> int:
     evals = [read_cell_file(study, c, "eval.json") for c in cells]
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
     print(f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |\n|---|---|---|---|")
-    for row in paired_table(*evals):
+    for row in intervals.paired_table(*evals):
         ci = row["paired_ci95"]
         interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "(scored on other windows)"
         print(f"| {row['length']} | {row['r_a']:.3f} | {row['r_b']:.3f} | {row['ratio']:.3f} {interval} |")

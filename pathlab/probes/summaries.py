@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from pathlab.attention.registry import attention_class, attention_settings
-from pathlab.intervals import compare, order, paired_ratio, paired_table, verdict
+from pathlab.intervals import compare, margin_at, order, paired_ratio, paired_table, verdict
 from pathlab.probes.records import length_entry
 
 
@@ -429,7 +429,7 @@ def _ratio_at(rows: dict, L: int):
     return rows["ratio"][rows["lengths"].index(L)] if L in rows["lengths"] else None
 
 
-def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
+def extrapolation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, dict, dict]:
     """M7: r(L) per cell with bootstrap intervals, the training-length loss, and the published ratios as a table.
 
     Claims: ``rope_degrades_beyond_training`` (r(8K) > 2); ``alibi_stays_flat`` (r at the longest L < 1.2);
@@ -437,21 +437,26 @@ def extrapolation_summary(cells: dict) -> tuple[dict, dict, dict]:
     ``path_flatter_than_rope``; ``path_fox_no_worse_than_path`` (False only when PaTH-FoX is decidedly worse).
     Each is decided by an interval, not by a point estimate (:mod:`pathlab.intervals`): a threshold by the
     cell's 95% bootstrap interval, a pair of cells by the paired interval of their ratio on the same windows;
-    None while the interval leaves it open. ``data["paired_to_rope"]``: each other cell's r(L) / r_RoPE(L) at
-    every length beyond the training length that both have, with its paired interval (None on other windows).
+    None while the interval leaves it open. With the study's spread between seeds (``margins``, length → m(L),
+    :func:`pathlab.intervals.seed_margins`) the interval must also clear it: a threshold t by lying outside
+    [t/m, t·m], a pair by lying outside [1/m, m]. ``data["paired_to_rope"]``: each other cell's r(L) / r_RoPE(L)
+    at every length beyond the training length that both have, with its paired interval (None on other windows).
     """
     from pathlab.probes.published import PUBLISHED
 
     rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
     data = {"cells": rows, "published": [{"model": m, "L": L, "L_train": Lt, "ratio": r} for m, L, Lt, r in PUBLISHED],
             "in_distribution_loss": {c: r["loss"][0] for c, r in rows.items()}}
+    data["seed_margins"] = dict(margins or {})
     claims = {}
     if "rope" in rows and "8192" in cells["rope"]["eval"]["lengths"]:
-        ci = cells["rope"]["eval"]["lengths"]["8192"]["ratio_ci95"]
-        claims["rope_degrades_beyond_training"] = verdict([order((2.0, 2.0), ci)], -1)
+        ci, m = cells["rope"]["eval"]["lengths"]["8192"]["ratio_ci95"], margin_at(margins, 8192)
+        claims["rope_degrades_beyond_training"] = verdict([order((2.0 / m, 2.0 * m), ci)], -1)
     if "alibi" in rows:
-        claims["alibi_stays_flat"] = verdict([order(longest_row(cells["alibi"]["eval"])["ratio_ci95"], (1.2, 1.2))], -1)
-    claims.update(pair_claims(cells))
+        row = longest_row(cells["alibi"]["eval"])
+        m = margin_at(margins, max(int(L) for L in cells["alibi"]["eval"]["lengths"]))
+        claims["alibi_stays_flat"] = verdict([order(row["ratio_ci95"], (1.2 / m, 1.2 * m))], -1)
+    claims.update(pair_claims(cells, margins=margins))
     if "rope" in rows:  # at each length beyond the training length that both have, seeded by L as the claims
         base = cells["rope"]["eval"]["lengths"]
         data["paired_to_rope"] = {
@@ -466,15 +471,17 @@ PAIR_CLAIMS = {"accumulated_rotations_beat_rope": ("rot_random_qk", "rope"),
                "path_flatter_than_rope": ("path", "rope"), "path_fox_no_worse_than_path": ("path_fox", "path")}
 
 
-def pair_claims(cells: dict, suffix: str = "") -> dict:
+def pair_claims(cells: dict, suffix: str = "", margins: dict | None = None) -> dict:
     """The claims of M7 that compare two cells (``PAIR_CLAIMS``: a is flatter than b), each decided at the longest
-    length both were evaluated at by the paired interval of r_a / r_b on the same windows (``no_worse`` claims are
-    False only when a is decidedly worse). ``suffix`` is appended to each claim's name."""
+    length both were evaluated at by the paired interval of r_a / r_b on the same windows, beyond the seed margin
+    there when ``margins`` are given (``no_worse`` claims are False only when a is decidedly worse). ``suffix`` is
+    appended to each claim's name."""
     claims = {}
     for name, (a, b) in PAIR_CLAIMS.items():
         if a in cells and b in cells:
             L = min(max(int(x) for x in cells[a]["eval"]["lengths"]), max(int(x) for x in cells[b]["eval"]["lengths"]))
-            o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L)
+            o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L,
+                        margin=margin_at(margins, L))
             claims[name + suffix] = o != 1 if name.endswith("than_path") else verdict([o], -1)
     return claims
 
@@ -492,7 +499,7 @@ def window_of(entry) -> float:
     return math.inf if entry["cell"]["attention"] == "rope" else None
 
 
-def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict, dict]:
+def window_sweep_summary(cells: dict, lengths=(8192, 65536), margins: dict | None = None) -> tuple[dict, dict, dict]:
     """The theory's direct test: r(L) and the in-distribution loss against the mixing window W of the rotations
     (θ = ω_b + σ N(0, 1), every block mixing within W), for Q/K/V and Q/K, with RoPE as the Q/K group's W = ∞
     (σ → 0 leaves RoPE's angles; a Q/K/V rotation there would still rotate the values, which RoPE does not, so
@@ -500,8 +507,10 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
 
     Every claim compares r at the longest length by the paired interval of two cells' ratio on the same
     windows (:mod:`pathlab.intervals`), not by point estimates: a comparison is decided when the interval
-    excludes 1, and a claim is None when an undecided comparison leaves it open (one training seed per cell, so
-    the intervals are over evaluation windows only).
+    excludes 1 (and, with the study's spread between seeds ``margins``, lies outside [1/m, m] at that length:
+    one training seed per sweep cell, so the intervals are over evaluation windows only, and the margin from the
+    seeded headline cells stands in for the spread between trainings), and a claim is None when an undecided
+    comparison leaves it open.
     Claims, per group (``qkv``, ``qk``): ``<g>_windows_below_training_length_extrapolate_better``: every cell
     with W < L_train has a lower r than every cell with W ≥ L_train (RoPE included), the prediction
     "extrapolation iff the window is below the training length". ``<g>_ratio_rises_with_window``: r at the
@@ -513,7 +522,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     scored on different windows); ``rope_over_widest`` (per group, RoPE's r over the widest finite window's, with
     its paired interval: a reference, in no claim).
     """
-    data, claims = {"groups": {}, "lengths": list(lengths)}, {}
+    data, claims = {"groups": {}, "lengths": list(lengths), "seed_margins": dict(margins or {})}, {}
     rope = cells.get("rope")
     L_key = lengths[-1]
 
@@ -521,7 +530,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
         return cells[p["cell"]]["eval"]["lengths"][str(L_key)]
 
     def cmp(p, q):
-        return compare(row(p), row(q), seed=L_key)
+        return compare(row(p), row(q), seed=L_key, margin=margin_at(margins, L_key))
 
     for group in ("qkv", "qk"):
         members = {c: e for c, e in cells.items() if window_of(e) is not None and rotates_values(e) == (group == "qkv")}
@@ -565,7 +574,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536)) -> tuple[dict, dict
     return data, claims, {}
 
 
-def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
+def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, dict, dict]:
     """M8: (a) the dispersion sweep τ (RoPE = τ 0), (b) far-mass control (PaTH vs PaTH-FoX, random rotations
     with and without a FoX gate), (c) NTK-scaled RoPE at evaluation.
 
@@ -573,9 +582,16 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
     and no step up in τ raising it); ``forget_gate_improves_extrapolation`` (PaTH-FoX below PaTH);
     ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
     (PaTH-FoX's far mass rises less than PaTH's, per-head width); ``ntk_scaling_helps_rope``. The comparisons of
-    r are decided by paired intervals (:mod:`pathlab.intervals`) and None while undecided.
+    r are decided by paired intervals (:mod:`pathlab.intervals`), beyond the study's spread between seeds at that
+    length when ``margins`` are given, and None while undecided.
     """
-    data, claims = {}, {}
+    data, claims = {"seed_margins": dict(margins or {})}, {}
+
+    def longer(a: dict, b: dict) -> int:
+        """compare() of two cells' eval.json rows at the longest length, with the seed margin there."""
+        L = max(int(x) for x in a["lengths"])
+        return compare(longest_row(a), longest_row(b), margin=margin_at(margins, L))
+
     rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
     sweep = []
     for c, e in cells.items():
@@ -592,16 +608,16 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
     sweep.sort(key=lambda s: s["tau"])
     data["dispersion_sweep"] = sweep
     if len(sweep) >= 2:
-        last = [longest_row(cells[s["cell"]]["eval"]) for s in sweep]
-        steps = [compare(b, a) for a, b in zip(last, last[1:])]
+        last = [cells[s["cell"]]["eval"] for s in sweep]
+        steps = [longer(b, a) for a, b in zip(last, last[1:])]
         claims["extrapolation_improves_with_dispersion"] = (
-            False if any(o == 1 for o in steps) else verdict([compare(last[-1], last[0])], -1))
+            False if any(o == 1 for o in steps) else verdict([longer(last[-1], last[0])], -1))
     control = {}
     for a, b, name in (("path", "path_fox", "forget_gate_improves_extrapolation"),
                        ("rot_random_qk", "rot_random_qk_fox", "gate_improves_rotations")):
         if a in rows and b in rows:
             control[a], control[b] = rows[a], rows[b]
-            claims[name] = verdict([compare(longest_row(cells[b]["eval"]), longest_row(cells[a]["eval"]))], -1)
+            claims[name] = verdict([longer(cells[b]["eval"], cells[a]["eval"])], -1)
     data["far_mass_control"] = control
     if {"path", "path_fox"} <= set(cells):
         fm, _, _ = far_mass_summary({c: cells[c] for c in ("path", "path_fox")})
@@ -612,6 +628,7 @@ def ablation_summary(cells: dict) -> tuple[dict, dict, dict]:
     if "rope" in cells and "ntk" in cells["rope"]["eval"]:
         data["ntk"] = {"rope": rows["rope"], "rope+ntk": length_rows(cells["rope"]["eval"], "ntk")}
         ev = cells["rope"]["eval"]
+        # one trained model scored two ways: the spread between trainings is no margin for this comparison
         claims["ntk_scaling_helps_rope"] = verdict([compare(longest_row(ev, "ntk"), longest_row(ev))], -1)
     return data, claims, {}
 
@@ -625,8 +642,8 @@ def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
     were scored on other windows) the two trainings differ by more than the windows explain, and a comparison
     between cells is to be read against the spread between seeds as well.
     Claims: each pair claim of :func:`extrapolation_summary` made again on the second seeds alone
-    (``<claim>_at_seed2``) where both cells have one: a claim that holds at one seed and fails at the other
-    does not hold at this scale.
+    (``<claim>_at_seed2``) where both cells have one, decided by the windows' paired interval alone: a claim that
+    holds at one seed and fails at the other does not hold at this scale.
     """
     data = {"pairs": {}}
     twins = {}
@@ -641,6 +658,8 @@ def seeds_summary(cells: dict) -> tuple[dict, dict, dict]:
                                 "seed_ratio": [{"L": t["length"], "ratio": t["ratio"], "paired_ci95": t["paired_ci95"]}
                                                for t in table],
                                 "seeds_differ_beyond_windows": _beyond_windows(table[1:])}
+    # the replication itself: no margin here, since a second seed that ranks two cells the other way widens the
+    # spread between seeds by at least as much as it moves the comparison
     return data, pair_claims(twins, "_at_seed2"), {}
 
 
