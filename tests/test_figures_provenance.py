@@ -1,6 +1,6 @@
 """Committed figures match the committed code that made them: each JSON's recorded revision is clean, and the
-code its figure depends on (its notebook, the probes, the study, the plotting) is the same at that revision as
-at HEAD. A figure made by other code must be regenerated (`pathlab figures`) before it is committed."""
+code its figure depends on (its notebook, the probes, the study, the plotting, the interval rules that decide its
+claims) is the same at that revision as at HEAD. A figure made by other code must be regenerated (`pathlab figures`) before it is committed."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ["pathlab/probes", "pathlab/figures", "pathlab/training/evaluate.py", "pathlab/results.py"]
+CODE = ["pathlab/probes", "pathlab/figures", "pathlab/training/evaluate.py", "pathlab/results.py", "pathlab/intervals.py"]
 TASKS_CODE = "pathlab/tasks"  # the report and the generators it measures baselines with: for notebooks using them
 
 
