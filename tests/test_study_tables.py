@@ -146,9 +146,13 @@ def test_cli_compares_two_cells_and_refuses_one_without_results(capsys, monkeypa
 
     assert main(["study", "compare", "owt16-debian", "nope", "rope"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "| L | r(nope) | r(rope) | r(nope) / r(rope) [95%] |"
+    assert lines[2] == ("| L | r(nope) | r(rope) | r(nope) / r(rope) [95%] | seed margin m(L) | interval beyond [1/m, m] |")
     last = lines[-1].strip("| ").split(" | ")
     assert last[0] == "65536" and float(last[3].split()[0]) == pytest.approx(float(last[1]) / float(last[2]), rel=2e-3)
+    margin = study_module.seed_margins("owt16-debian")[65536]
+    assert float(last[4]) == pytest.approx(margin, abs=5e-4)
+    lo = float(last[3].split("[")[1].split(",")[0])
+    assert lo > margin and last[5] == "above"  # NoPE over RoPE at 65K: beyond the seeds' spread
     # a cell of the study whose results folder is empty, whichever cells have been run
     committed = study_module.cell_results_dir
     monkeypatch.setattr(study_module, "cell_results_dir",

@@ -373,7 +373,10 @@ def seed_margins(profile: str, *, fast: bool = False) -> dict[int, float]:
     """The study's spread between seeds at each evaluation length (:func:`pathlab.intervals.seed_margins`), from
     the cells of its ``seeds`` figure that have results, each paired with ``<cell>-seed2``: the margin every
     figure's comparisons between cells must clear. ``{}`` for a study without second seeds."""
-    study = load_study(profile, fast=fast)
+    return _seed_margins(load_study(profile, fast=fast))
+
+
+def _seed_margins(study: dict) -> dict[int, float]:
     names = [c for c in study["figures"].get("seeds", []) if f"{c}-seed2" in study["figures"]["seeds"]]
     done = [c for c in names if not missing_cells(study, [c, f"{c}-seed2"])]
     return intervals.seed_margins([(read_cell_file(study, c, "eval.json"),
@@ -463,12 +466,21 @@ def _compare(study: dict, a: str, b: str) -> int:
     if missing:
         raise ValueError(f"no results yet for {', '.join(missing)}")
     evals = [read_cell_file(study, c, "eval.json") for c in cells]
+    margins = _seed_margins(study)
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
-    print(f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |\n|---|---|---|---|")
+    header = f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |"
+    if margins:  # the spread between seeds a claim's interval must clear (pathlab.intervals.seed_margins)
+        header += " seed margin m(L) | interval beyond [1/m, m] |"
+    print(header + "\n" + "|---" * (header.count("|") - 1) + "|")
     for row in intervals.paired_table(*evals):
         ci = row["paired_ci95"]
         interval = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "(scored on other windows)"
-        print(f"| {row['length']} | {row['r_a']:.3f} | {row['r_b']:.3f} | {row['ratio']:.3f} {interval} |")
+        line = f"| {row['length']} | {row['r_a']:.3f} | {row['r_b']:.3f} | {row['ratio']:.3f} {interval} |"
+        if margins:
+            m = intervals.margin_at(margins, row["length"])
+            side = {-1: "below", 1: "above", 0: "no"}[intervals.order(ci, (1 / m, m))] if ci else "—"
+            line += f" {m:.3f} | {side} |"
+        print(line)
     return 0
 
 
