@@ -43,8 +43,8 @@ from pathlib import Path
 
 import yaml
 
-from pathlab.atomic import atomic_write_bytes
 from pathlab import intervals
+from pathlab.atomic import atomic_write_bytes
 from pathlab.figures import study_tables
 from pathlab.training.config import repo_root, resolve_config
 
