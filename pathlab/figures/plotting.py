@@ -460,11 +460,11 @@ def plot_window_sweep(data, note=""):
 
 def plot_ablations(data, note=""):
     """M8: (a) the dispersion sweep, (b) far-mass control (forget gates), (c) NTK-scaled RoPE: one panel for each
-    ablation whose cells have results."""
+    ablation whose cells have results (a sweep from two values of τ on)."""
     plt = setup()
     panels = [("dispersion_sweep", "(a) more dispersion, more mixing"),
               ("far_mass_control", "(b) far-mass control: forget gates"), ("ntk", "(c) NTK-scaled RoPE")]
-    panels = [p for p in panels if data.get(p[0])]
+    panels = [p for p in panels if len(data.get(p[0]) or ()) >= (2 if p[0] == "dispersion_sweep" else 1)]
     if not panels:
         fig, ax = plt.subplots(figsize=(5, 3))
         ax.axis("off")
