@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -181,6 +182,20 @@ def test_kappa_claims_follow_the_numbers_and_need_a_rejected_control(cells):
                                          "kappa_falls_as_predicted": False}
     alone = {"rot_random_qkv": _kappa_cells(cells, lambda p: p, lambda p: 1.0)["rot_random_qkv"]}
     assert summaries.coherence_summary(alone)[1]["rot_random_qkv_kappa_falls_as_predicted"] is None
+
+
+def test_kappa_leaves_out_queries_whose_far_weights_underflowed(cells):
+    """M_eff = ρ²/Σ_F α² is infinite where every far weight underflowed (a forget gate): such a query has no
+    prediction, and a κ of 0 there must neither count nor warn (0/0)."""
+    fake = _kappa_cells(cells, lambda p: p, lambda p: 1.0)
+    kept = summaries.coherence_summary(fake)[0]["cells"]["rot_random_qkv"]
+    sample = fake["rot_random_qkv"]["record"]["L2048"]["sample"]
+    sample["m_eff"][0], sample["kappa"][0] = np.inf, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        data, claims, _ = summaries.coherence_summary(fake)
+    assert len(data["cells"]["rot_random_qkv"]["kappa"]) == len(kept["kappa"]) - 1
+    assert claims["rot_random_qkv_kappa_matches_incoherent_prediction"] is True
 
 
 def test_rho_s_vanishing_can_fail(cells):
@@ -367,6 +382,28 @@ def test_a_seed_margin_leaves_open_what_retraining_alone_could_move():
     assert claims_at(0.4, 1.2) == (True, True, True)  # e^0.4 ≈ ×1.49 clears it
     assert summaries.extrapolation_summary({"rope": {"eval": _windowed_eval(text + 0.5)}}, {1024: 1.2})[0][
         "seed_margins"] == {1024: 1.2}
+
+
+def test_a_gate_limits_far_mass_growth_only_where_the_gated_mass_rises_less(cells):
+    """M8 (b) by the probes: the gated cell's far mass rises less than its ungated twin's. The negative control
+    swaps the two records, and the claim must then fail."""
+
+    def with_far_mass(short, long):
+        entry = copy.deepcopy(cells["rope"])
+        for L, value in ((64, short), (256, long)):
+            far = entry["record"][f"L{L}"]["heads"]["far_mass"]
+            far[...] = value
+        return entry
+
+    rising, flat = with_far_mass(0.1, 0.6), with_far_mass(0.01, 0.02)
+    pairs = {"forget_gate_limits_far_mass_growth": ("path", "path_fox"),
+             "gate_limits_rotation_far_mass_growth": ("rot_random_qk", "rot_random_qk_fox")}
+    for name, (ungated, gated) in pairs.items():
+        data, claims, _ = summaries.ablation_summary({ungated: rising, gated: flat})
+        assert claims[name] is True
+        np.testing.assert_allclose(data["far_mass_control_rho"][gated], [0.01, 0.02])
+        assert summaries.ablation_summary({ungated: flat, gated: rising})[1][name] is False
+    assert "gate_limits_rotation_far_mass_growth" not in summaries.ablation_summary({"path": rising})[1]
 
 
 def test_markdown_table_lists_cells_and_published_numbers(cells):

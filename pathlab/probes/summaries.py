@@ -299,7 +299,9 @@ def coherence_summary(cells: dict, factor: float = 3.0, slope_range=(0.5, 2.0)) 
             e = length_entry(rec, L)
             s = e["sample"]
             pred = np.sqrt(1 + 2 * s["W"]) / np.sqrt(s["m_eff"])
-            ok = np.isfinite(s.get("kappa", np.full_like(pred, np.nan))) & np.isfinite(pred) & (s["m_eff"] > 0)
+            # M_eff = ρ²/Σ_F α² is infinite where the far weights underflow (a forget gate): no prediction there
+            ok = (np.isfinite(s.get("kappa", np.full_like(pred, np.nan))) & np.isfinite(pred)
+                  & np.isfinite(s["m_eff"]) & (s["m_eff"] > 0))
             rows["far_near_ratio"].append(float(_nanmedian(np.asarray(e["far_near_ratio_median"]))))
             rows["kappa_median"].append(float(np.median(s["kappa"][ok])) if ok.any() else math.nan)
             rows["predicted_median"].append(float(np.median(pred[ok])) if ok.any() else math.nan)
@@ -581,7 +583,9 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
     Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L lower at the largest τ than at τ 0,
     and no step up in τ raising it); ``forget_gate_improves_extrapolation`` (PaTH-FoX below PaTH);
     ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
-    (PaTH-FoX's far mass rises less than PaTH's, per-head width); ``ntk_scaling_helps_rope``. The comparisons of
+    and ``gate_limits_rotation_far_mass_growth`` (the gated cell's far mass, mean over layers at the per-head
+    width, rises no more from the shortest to the longest length than its ungated twin's: PaTH-FoX against PaTH,
+    rot_random_qk_fox against rot_random_qk); ``ntk_scaling_helps_rope``. The comparisons of
     r are decided by paired intervals (:mod:`pathlab.intervals`), beyond the study's spread between seeds at that
     length when ``margins`` are given, and None while undecided.
     """
@@ -619,12 +623,15 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
             control[a], control[b] = rows[a], rows[b]
             claims[name] = verdict([longer(cells[b]["eval"], cells[a]["eval"])], -1)
     data["far_mass_control"] = control
-    if {"path", "path_fox"} <= set(cells):
-        fm, _, _ = far_mass_summary({c: cells[c] for c in ("path", "path_fox")})
-        rho = {c: np.mean(np.asarray(fm["cells"][c]["measured"]), axis=1) for c in ("path", "path_fox")}
+    rho = {}
+    for a, b, name in (("path", "path_fox", "forget_gate_limits_far_mass_growth"),
+                       ("rot_random_qk", "rot_random_qk_fox", "gate_limits_rotation_far_mass_growth")):
+        if {a, b} <= set(cells) and all("record" in cells[c] for c in (a, b)):
+            fm, _, _ = far_mass_summary({c: cells[c] for c in (a, b)})
+            rho |= {c: np.mean(np.asarray(fm["cells"][c]["measured"]), axis=1) for c in (a, b)}
+            claims[name] = bool(rho[b][-1] - rho[b][0] <= rho[a][-1] - rho[a][0])
+    if rho:
         data["far_mass_control_rho"] = rho
-        claims["forget_gate_limits_far_mass_growth"] = bool(rho["path_fox"][-1] - rho["path_fox"][0]
-                                                            <= rho["path"][-1] - rho["path"][0])
     if "rope" in cells and "ntk" in cells["rope"]["eval"]:
         data["ntk"] = {"rope": rows["rope"], "rope+ntk": length_rows(cells["rope"]["eval"], "ntk")}
         ev = cells["rope"]["eval"]
