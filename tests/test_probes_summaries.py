@@ -391,8 +391,7 @@ def test_a_gate_limits_far_mass_growth_only_where_the_gated_mass_rises_less(cell
     def with_far_mass(short, long):
         entry = copy.deepcopy(cells["rope"])
         for L, value in ((64, short), (256, long)):
-            far = entry["record"][f"L{L}"]["heads"]["far_mass"]
-            far[...] = value
+            entry["record"][f"L{L}"]["heads"]["far_mass"][...] = value
         return entry
 
     rising, flat = with_far_mass(0.1, 0.6), with_far_mass(0.01, 0.02)
