@@ -576,6 +576,11 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536), margins: dict | Non
     return data, claims, {}
 
 
+# M8 (b): (ungated cell, gated cell, claim on r at the longest length, claim on the far mass's growth)
+GATE_PAIRS = (("path", "path_fox", "forget_gate_improves_extrapolation", "forget_gate_limits_far_mass_growth"),
+              ("rot_random_qk", "rot_random_qk_fox", "gate_improves_rotations", "gate_limits_rotation_far_mass_growth"))
+
+
 def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, dict, dict]:
     """M8: (a) the dispersion sweep τ (RoPE = τ 0), (b) far-mass control (PaTH vs PaTH-FoX, random rotations
     with and without a FoX gate), (c) NTK-scaled RoPE at evaluation.
@@ -616,20 +621,17 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
         steps = [longer(b, a) for a, b in zip(last, last[1:])]
         claims["extrapolation_improves_with_dispersion"] = (
             False if any(o == 1 for o in steps) else verdict([longer(last[-1], last[0])], -1))
-    control = {}
-    for a, b, name in (("path", "path_fox", "forget_gate_improves_extrapolation"),
-                       ("rot_random_qk", "rot_random_qk_fox", "gate_improves_rotations")):
-        if a in rows and b in rows:
-            control[a], control[b] = rows[a], rows[b]
-            claims[name] = verdict([longer(cells[b]["eval"], cells[a]["eval"])], -1)
-    data["far_mass_control"] = control
-    rho = {}
-    for a, b, name in (("path", "path_fox", "forget_gate_limits_far_mass_growth"),
-                       ("rot_random_qk", "rot_random_qk_fox", "gate_limits_rotation_far_mass_growth")):
-        if {a, b} <= set(cells) and all("record" in cells[c] for c in (a, b)):
+    control, rho = {}, {}
+    for a, b, ratio_claim, far_mass_claim in GATE_PAIRS:
+        if not {a, b} <= set(cells):
+            continue
+        control[a], control[b] = rows[a], rows[b]
+        claims[ratio_claim] = verdict([longer(cells[b]["eval"], cells[a]["eval"])], -1)
+        if all("record" in cells[c] for c in (a, b)):
             fm, _, _ = far_mass_summary({c: cells[c] for c in (a, b)})
             rho |= {c: np.mean(np.asarray(fm["cells"][c]["measured"]), axis=1) for c in (a, b)}
-            claims[name] = bool(rho[b][-1] - rho[b][0] <= rho[a][-1] - rho[a][0])
+            claims[far_mass_claim] = bool(rho[b][-1] - rho[b][0] <= rho[a][-1] - rho[a][0])
+    data["far_mass_control"] = control
     if rho:
         data["far_mass_control_rho"] = rho
     if "rope" in cells and "ntk" in cells["rope"]["eval"]:
