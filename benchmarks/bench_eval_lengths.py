@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch._dynamo.utils as dynamo_utils
 
-from pathlab.figures.study import cell_config, load_study
+from pathlab.study import cell_config, load_study
 from pathlab.model import ModelConfig, build_model
 from pathlab.training.evaluate import autocast, evaluate_model
 from pathlab.training.trainer import make_optimizer

@@ -14,7 +14,7 @@ SUBCOMMANDS = {
     "data": ("pathlab.data.cli", "prepare and inspect token corpora"),
     "train": ("pathlab.training.trainer", "train a language model from a config"),
     "eval": ("pathlab.training.evaluate", "length-extrapolation evaluation of a trained run"),
-    "study": ("pathlab.figures.study", "train, evaluate and probe the cells of a study (configs/studies/)"),
+    "study": ("pathlab.study.cli", "train, evaluate and probe the cells of a study (configs/studies/)"),
     "figures": ("pathlab.figures.pipeline", "run every notebook through papermill and regenerate figures/"),
     "tasks": ("pathlab.tasks.cli", "state-tracking tasks: flip-flop, A5 word problems, MQRAR-N"),
     "info": ("pathlab.info", "list the attention variants and their parameter counts"),

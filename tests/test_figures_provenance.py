@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ["pathlab/probes", "pathlab/figures", "pathlab/training/evaluate.py", "pathlab/results.py", "pathlab/intervals.py"]
+CODE = ["pathlab/probes", "pathlab/figures", "pathlab/study", "pathlab/training/evaluate.py", "pathlab/results.py",
+        "pathlab/intervals.py"]
 TASKS_CODE = "pathlab/tasks"  # the report and the generators it measures baselines with: for notebooks using them
 
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pathlab.figures import study as studies
+from pathlab import study as studies
+from pathlab.study import cells as study_cells, cli as study_cli, config as study_config
 from pathlab.training.checkpoint import load_checkpoint
 from pathlab.probes import records
 
@@ -75,7 +76,7 @@ def test_a_cell_runs_end_to_end_and_is_skipped_once_done(corpus, tmp_path, runs)
     assert sorted(p.name for p in out.iterdir()) == ["cell.json", "eval.csv", "eval.json", "eval_positions.csv",
                                                     "probes.npz", "train.csv"]
     cell = json.loads((out / "cell.json").read_text())
-    assert cell["tokens"] == 6 * 4 * 32 and cell["fingerprint"] == studies.cell_fingerprint(s, "rope")
+    assert cell["tokens"] == 6 * 4 * 32 and cell["fingerprint"] == study_config.cell_fingerprint(s, "rope")
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["lengths"]) == {"32", "64", "128"} and ev["n_windows"] == 3
     rec = records.load_record(out / "probes.npz")
@@ -120,7 +121,7 @@ def test_no_stage_starts_without_the_reserve(corpus, tmp_path, runs):  # noqa: F
 
 def test_figure_inputs_train_the_missing_cells_of_a_cpu_study(corpus, tmp_path, runs, monkeypatch):  # noqa: F811
     original = studies.load_study
-    monkeypatch.setattr(studies, "load_study", lambda profile, fast=False: original(_study(corpus, tmp_path)))
+    monkeypatch.setattr(study_cells, "load_study", lambda profile, fast=False: original(_study(corpus, tmp_path)))
     cells, info = studies.figure_inputs("unit", "far_mass")
     assert list(cells) == ["rope", "qkv"] and info["missing"] == [] and not info["toy_scale"]
     assert set(cells["qkv"]) == {"cell", "eval", "record"}
@@ -146,4 +147,4 @@ def test_a_corrupt_result_file_is_refused_with_its_path(tmp_path, name):
         studies.load_cells(s, ["path-seed2"])
     if name == "eval.json":
         with pytest.raises(ValueError, match="eval.json cannot be read"):
-            studies._compare(s, "path-seed2", "path-seed2")
+            study_cli._compare(s, "path-seed2", "path-seed2")

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pathlab.figures import study as studies
-from pathlab.figures import study_tables as tables
+from pathlab import study as studies
+from pathlab.study import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,20 +142,20 @@ def test_paired_table_compares_the_shared_lengths_on_shared_windows():
 
 def test_cli_compares_two_cells_and_refuses_one_without_results(capsys, monkeypatch, tmp_path):
     from pathlab.cli import main
-    from pathlab.figures import study as study_module
+    from pathlab.study import cells as study_cells
 
     assert main(["study", "compare", "owt16-debian", "nope", "rope"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == ("| L | r(nope) | r(rope) | r(nope) / r(rope) [95%] | seed margin m(L) | interval beyond [1/m, m] |")
     last = lines[-1].strip("| ").split(" | ")
     assert last[0] == "65536" and float(last[3].split()[0]) == pytest.approx(float(last[1]) / float(last[2]), rel=2e-3)
-    margin = study_module.seed_margins("owt16-debian")[65536]
+    margin = study_cells.seed_margins("owt16-debian")[65536]
     assert float(last[4]) == pytest.approx(margin, abs=5e-4)
     lo = float(last[3].split("[")[1].split(",")[0])
     assert lo > margin and last[5] == "above"  # NoPE over RoPE at 65K: beyond the seeds' spread
     # a cell of the study whose results folder is empty, whichever cells have been run
-    committed = study_module.cell_results_dir
-    monkeypatch.setattr(study_module, "cell_results_dir",
+    committed = study_cells.cell_results_dir
+    monkeypatch.setattr(study_cells, "cell_results_dir",
                         lambda study, cell: tmp_path / cell if cell == "path" else committed(study, cell))
     assert main(["study", "compare", "owt16-debian", "nope", "path"]) == 2
     assert "no results yet for path" in capsys.readouterr().err

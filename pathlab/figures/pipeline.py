@@ -4,7 +4,7 @@
     pathlab figures --profile owt16-debian       # from the committed 16-layer results, into figures/owt16-debian/
     pathlab figures --only far_mass --fast       # one notebook, CI-sized, into build/figures-fast/tiny-cpu/
 
-A profile is a study (``configs/studies/<name>.yaml``, :mod:`pathlab.figures.study`): the model-based figures read its
+A profile is a study (``configs/studies/<name>.yaml``, :mod:`pathlab.study`): the model-based figures read its
 cells' compact results. For a study that trains on the CPU (``tiny-cpu``), the cells the notebooks need are
 trained, evaluated and probed first (about a minute each on 2 cores); for a GPU study the figures use the cells
 with committed results and name the missing ones.
@@ -49,7 +49,7 @@ def project_path(path: str | os.PathLike) -> Path:
 
 def profiles() -> list[str]:
     """The profiles: the study configs under ``configs/studies/``."""
-    from pathlab.figures.study import available_studies
+    from pathlab.study import available_studies
 
     return available_studies()
 
@@ -203,7 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _needed_cells(study: dict, notebooks, wanted) -> list[str]:
-    from pathlab.figures.study import figure_cells
+    from pathlab.study.config import figure_cells
 
     names = []
     for p in notebooks:
@@ -214,7 +214,7 @@ def _needed_cells(study: dict, notebooks, wanted) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlab.figures import study as studies
+    from pathlab import study as studies
 
     root = find_project_root()
     nb_dir = Path(args.notebooks) if Path(args.notebooks).is_absolute() else root / args.notebooks

@@ -1,7 +1,7 @@
 """Figure summaries of a study: ``(data, claims, checks)`` per figure from the cells' compact results.
 
 Every function takes ``cells = {name: {"cell": cell.json, "eval": eval.json, "record": probe record}}``
-(:func:`pathlab.figures.study.load_cells`) and returns the plotted numbers, the claims the figure is evidence for
+(:func:`pathlab.study.load_cells`) and returns the plotted numbers, the claims the figure is evidence for
 (True, False, or None where a claim is undefined in the run) and the consistency checks (identities and
 theorems that hold whenever the code is right; never evidence). Every claim that a theory variant is expected to
 pass is computed for every cell of the figure, so RoPE (or NoPE) serves as its negative control in the same

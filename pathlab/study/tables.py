@@ -109,7 +109,7 @@ def group_table(study: dict, results: dict, group: str) -> str:
 
 def render(study: dict, table: str, results: dict) -> str:
     """One table by name: ``cells`` or a group of the study's cells. ``results`` maps each cell with results to
-    ``{"cell": cell.json, "eval": eval.json}`` (as :func:`pathlab.figures.study.load_cells` gives)."""
+    ``{"cell": cell.json, "eval": eval.json}`` (as :func:`pathlab.study.load_cells` gives)."""
     return cells_table(study, results) if table == "cells" else group_table(study, results, table)
 
 
