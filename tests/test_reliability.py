@@ -115,6 +115,31 @@ def test_two_trainers_cannot_share_a_run_directory(corpus, tmp_path):
     train(tiny_config(corpus, max_iters=2), run_dir=run_dir, progress=False, resume=True)  # released on return
 
 
+def test_a_run_stopped_before_its_summary_gets_it_from_the_final_checkpoint(corpus, tmp_path, monkeypatch):
+    """Killed between the final checkpoint and ``summary.json``: resuming writes the summary the run would have
+    written (a study cell reads it), instead of calling the run complete without one."""
+    import pathlab.training.trainer as trainer_module
+
+    cfg = tiny_config(corpus, max_iters=4)
+    train(cfg, run_dir=tmp_path / "whole", progress=False)
+    write = trainer_module.atomic_write_json
+
+    def killed_at_the_summary(path, obj, *args, **kwargs):
+        if path.name == "summary.json":
+            raise KeyboardInterrupt("killed")
+        return write(path, obj, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "atomic_write_json", killed_at_the_summary)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir=tmp_path / "cut", progress=False)
+    monkeypatch.setattr(trainer_module, "atomic_write_json", write)
+    assert _ckpt_step(tmp_path / "cut" / CKPT_NAME) == 4 and not (tmp_path / "cut" / "summary.json").exists()
+    train(cfg, run_dir=tmp_path / "cut", progress=False, resume=True)
+    whole, cut = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("whole", "cut"))
+    timing = ("elapsed_s", "tokens_per_s")
+    assert {k: v for k, v in cut.items() if k not in timing} == {k: v for k, v in whole.items() if k not in timing}
+
+
 # ------------------------------------------------------------------------------------- checkpoint integrity
 
 

@@ -364,6 +364,9 @@ def _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, inte
         _check_partial_run(run_dir, cfg, ctx)
     if ckpt is not None and int(ckpt["step"]) >= tcfg["max_iters"]:
         if ctx.is_main:
+            if not (run_dir / "summary.json").is_file() and "summary" in ckpt:
+                # stopped between the final checkpoint and its summary: the checkpoint carries the summary
+                atomic_write_json(run_dir / "summary.json", ckpt["summary"])
             print(f"{run_dir} is already complete ({ckpt['step']} iterations); nothing to do", flush=True)
         return run_dir
     if tcfg["threads"] and ctx.device.type == "cpu":
@@ -423,7 +426,7 @@ def _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, inte
         return TrainingDiverged(f"{what}. {kept}Lower optim.lr, raise optim.warmup_iters or check the data, then "
                                 "start a new run (another --run-dir, or delete this one)")
 
-    def checkpoint(step: int) -> None:
+    def checkpoint(step: int, summary: dict | None = None) -> None:
         nonlocal last_good
         if fsdp:  # every rank takes part in gathering the shards
             model_state, optim_state = distributed.full_state_dicts(model, optimizer)
@@ -437,6 +440,7 @@ def _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, inte
                     "step": step, "rng": rng_state(), "sampler": sampler.state(step), "config": cfg,
                     "config_hash": config_hash(cfg, RESUME_MAY_CHANGE), "model_config": cfg["model"],
                     "tokenizer": meta["tokenizer"], "corpus": identity, "threads": torch.get_num_threads(),
+                    **({} if summary is None else {"summary": summary}),
                 })
             except NonFiniteCheckpoint as err:
                 problem = str(err)
@@ -511,20 +515,20 @@ def _train_locked(cfg, corpus_folder, meta, run_dir, resume, progress, ctx, inte
                                      f"checkpoint in {run_dir} continues the run (resume=True, `--resume`)")
         val_loss = estimate_loss(net, val_sampler, tcfg["eval_iters"], ctx.device, autocast)
         log.write({"step": tcfg["max_iters"], "val_loss": val_loss})
-        checkpoint(tcfg["max_iters"])
+        elapsed = time.perf_counter() - t_start
+        summary = {
+            "iterations": tcfg["max_iters"], "resumed_from": start if resume else None,
+            "train_loss": loss_value, "val_loss": val_loss, "tokens": tcfg["max_iters"] * tokens_per_iter,
+            "elapsed_s": elapsed, "tokens_per_s": (tcfg["max_iters"] - start) * tokens_per_iter / max(elapsed, 1e-9),
+            "parameters": model.num_parameters(), "non_embedding_parameters": model.num_parameters(True),
+        }
+        checkpoint(tcfg["max_iters"], summary)  # carries the summary, should the process stop before writing it
     finally:
         if bar is not None:
             bar.close()
         log.close()
-    elapsed = time.perf_counter() - t_start
     if ctx.is_main:
-        trained = tcfg["max_iters"] - start
-        atomic_write_json(run_dir / "summary.json", {
-            "iterations": tcfg["max_iters"], "resumed_from": start if resume else None,
-            "train_loss": loss_value, "val_loss": val_loss, "tokens": tcfg["max_iters"] * tokens_per_iter,
-            "elapsed_s": elapsed, "tokens_per_s": trained * tokens_per_iter / max(elapsed, 1e-9),
-            "parameters": model.num_parameters(), "non_embedding_parameters": model.num_parameters(True),
-        })
+        atomic_write_json(run_dir / "summary.json", summary)
         print(f"done: train loss {loss_value:.4f}, val loss {val_loss:.4f}, {elapsed:.1f}s -> {run_dir}", flush=True)
     return run_dir
 
