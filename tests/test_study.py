@@ -143,8 +143,60 @@ def test_a_corrupt_result_file_is_refused_with_its_path(tmp_path, name):
     assert list(studies.load_cells(s, ["path-seed2"])) == ["path-seed2"]
     target = tmp_path / "path-seed2" / name
     target.write_bytes(target.read_bytes()[:200])
-    with pytest.raises(ValueError, match=rf"cell 'path-seed2': .*{name} cannot be read.*--cells path-seed2"):
+    with pytest.raises(ValueError, match=rf"cell 'path-seed2': .*{name} is refused: it cannot be read.*--cells "
+                                         "path-seed2"):
         studies.load_cells(s, ["path-seed2"])
     if name == "eval.json":
-        with pytest.raises(ValueError, match="eval.json cannot be read"):
+        with pytest.raises(ValueError, match="eval.json is refused: it cannot be read"):
             study_cli._compare(s, "path-seed2", "path-seed2")
+
+
+def _committed_cells(tmp_path, *names):
+    """The owt16-debian study reading copies of the committed results of ``names`` from ``tmp_path``."""
+    import shutil
+
+    owt = studies.load_study("owt16-debian")
+    for name in names:
+        shutil.copytree(studies.cell_results_dir(owt, name), tmp_path / name)
+    return {**owt, "results_dir": str(tmp_path)}
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("cell.json", "[]", r"is not a result file of pathlab's \(it needs \['cell', 'fingerprint'"),
+    ("eval.json", "{}", r"is not a result file of pathlab's \(it needs \['run', 'attention'"),
+    ("eval.json", None, "belongs to cell 'path', not to 'rope'")])
+def test_a_result_file_of_another_format_or_cell_is_refused(tmp_path, name, content, message):
+    """Files that parse but cannot be this cell's results (another format; a copy of another cell's) stop the
+    figures, the tables and `pathlab study compare` with the file's name, instead of feeding wrong numbers."""
+    s = _committed_cells(tmp_path, "rope", "path")
+    assert list(studies.load_cells(s, ["rope", "path"])) == ["rope", "path"]  # the negative control: as committed
+    target = tmp_path / "rope" / name
+    target.write_text(content if content is not None else (tmp_path / "path" / name).read_text())
+    with pytest.raises(ValueError, match=rf"cell 'rope': .*rope/{name} is refused: it {message}.*--cells rope"):
+        studies.load_cells(s, ["rope"])
+    with pytest.raises(ValueError, match=rf"rope/{name} is refused"):
+        study_cli._compare(s, "rope", "path")
+
+
+def test_an_evaluation_of_another_checkpoint_is_refused(tmp_path):
+    s = _committed_cells(tmp_path, "rope")
+    path = tmp_path / "rope" / "eval.json"
+    ev = json.loads(path.read_text())
+    path.write_text(json.dumps({**ev, "checkpoint_step": ev["checkpoint_step"] - 1}))
+    with pytest.raises(ValueError, match=r"eval.json is refused: it evaluated checkpoint_step \d+, the cell's"):
+        studies.load_cells(s, ["rope"])
+
+
+def test_stale_results_are_refused_by_the_readers(tmp_path, capsys):
+    """Results of a cell whose config has changed since it ran (here its token budget) are refused by the figures'
+    loader, the seed margins and `pathlab study compare`, not read as current; unchanged cells load."""
+    s = _committed_cells(tmp_path, "rope", "rope-seed2", "path")
+    assert list(studies.load_cells(s, ["rope", "path"])) == ["rope", "path"]
+    changed = {**s, "cells": {**s["cells"], "rope": {**s["cells"]["rope"], "tokens": 50e6}}}
+    assert studies.cell_status(changed, "rope") == "stale"
+    for read in (lambda: studies.load_cells(changed, ["path", "rope"]), lambda: studies.seed_margins(changed),
+                 lambda: study_cli._compare(changed, "rope", "path")):
+        with pytest.raises(ValueError, match=r"cell 'rope': its results are stale: .*rope/cell.json records the "
+                                             r"config \w+, the study config gives \w+"):
+            read()
+    assert list(studies.load_cells(changed, ["path"])) == ["path"]

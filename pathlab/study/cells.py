@@ -1,6 +1,11 @@
 """The committed results of a study's cells (``results/<study>/<cell>/``), as the notebooks, the tables and
-``pathlab study compare`` read them: a truncated or corrupt file stops the reader with the file's name, never
-feeds a figure."""
+``pathlab study compare`` read them.
+
+A file that cannot feed a figure stops the reader with its name and the way back, never feeds it: a truncated or
+corrupt file, one of another format, one whose cell is not the folder's (a copy from another cell), an
+evaluation of another checkpoint than the cell's, and results of another config than the study's (a *stale* cell:
+its recorded fingerprint differs from the one the study config gives, :func:`pathlab.study.config.cell_fingerprint`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import json
 import zipfile
 
 from pathlab import intervals
-from pathlab.study.config import cell_results_dir, figure_cells, load_study, runs_here
+from pathlab.study.config import cell_fingerprint, cell_results_dir, figure_cells, load_study, runs_here
 from pathlab.study.runner import run_study
 
 
@@ -21,9 +26,21 @@ def load_cells(study: dict, cells) -> dict:
     for c in cells:
         if not (cell_results_dir(study, c) / "cell.json").is_file():
             continue
-        out[c] = {"cell": read_cell_file(study, c, "cell.json"), "eval": read_cell_file(study, c, "eval.json"),
+        out[c] = {"cell": read_cell_file(study, c, "cell.json"), "eval": read_eval(study, c),
                   "record": read_cell_file(study, c, "probes.npz", records.load_record)}
     return out
+
+
+def read_eval(study: dict, cell: str) -> dict:
+    """A cell's ``eval.json``, checked against its ``cell.json``: the same attention, and the evaluated checkpoint is
+    the one the cell trained (its last iteration)."""
+    marker = read_cell_file(study, cell, "cell.json")
+    ev = read_cell_file(study, cell, "eval.json")
+    for key, recorded in (("attention", marker["attention"]), ("checkpoint_step", marker["iterations"])):
+        if ev.get(key) != recorded:
+            _refuse(study, cell, "eval.json", f"it evaluated {key} {ev.get(key)!r}, the cell's cell.json records "
+                                              f"{recorded!r}")
+    return ev
 
 
 def seed_margins(study, *, fast: bool = False) -> dict[int, float]:
@@ -33,20 +50,46 @@ def seed_margins(study, *, fast: bool = False) -> dict[int, float]:
     study = study if isinstance(study, dict) else load_study(study, fast=fast)
     names = [c for c in study["figures"].get("seeds", []) if f"{c}-seed2" in study["figures"]["seeds"]]
     done = [c for c in names if not missing_cells(study, [c, f"{c}-seed2"])]
-    return intervals.seed_margins([(read_cell_file(study, c, "eval.json"),
-                                    read_cell_file(study, f"{c}-seed2", "eval.json")) for c in done])
+    return intervals.seed_margins([(read_eval(study, c), read_eval(study, f"{c}-seed2")) for c in done])
+
+
+# what each JSON result file must hold: its cell's name under ``name_key``, and these keys
+JSON_FILES = {"cell.json": ("cell", ("fingerprint", "attention", "iterations", "tokens", "val_loss")),
+              "eval.json": ("run", ("attention", "checkpoint_step", "lengths"))}
 
 
 def read_cell_file(study: dict, cell: str, name: str, reader=None):
     """One result file of a cell (JSON unless ``reader`` is given), or a ValueError that names the file and how to
-    get it back: a truncated or corrupt file must stop a figure, never feed it."""
+    get it back. A JSON file must be a mapping with the keys of :data:`JSON_FILES` and name this cell, and
+    ``cell.json`` must carry the fingerprint of the cell's config in the study as it is now."""
     path = cell_results_dir(study, cell) / name
     try:
-        return reader(path) if reader else json.loads(path.read_text())
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-        raise ValueError(f"study {study['name']!r}, cell {cell!r}: {path} cannot be read ({type(err).__name__}: "
-                         f"{err}); restore it from git or run the cell again (`pathlab study run {study['name']} "
-                         f"--cells {cell}` after removing its folder)") from err
+        data = reader(path) if reader else json.loads(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
+        _refuse(study, cell, name, f"it cannot be read ({type(err).__name__}: {err})")
+    if name in JSON_FILES:
+        name_key, keys = JSON_FILES[name]
+        if not isinstance(data, dict) or any(k not in data for k in (name_key, *keys)):
+            found = sorted(data) if isinstance(data, dict) else type(data).__name__
+            _refuse(study, cell, name, f"it is not a result file of pathlab's (it needs {[name_key, *keys]}; "
+                                       f"found {found})")
+        if data[name_key] != cell:
+            _refuse(study, cell, name, f"it belongs to cell {data[name_key]!r}, not to {cell!r} (copied from "
+                                       "another cell?)")
+    if name == "cell.json" and data["fingerprint"] != cell_fingerprint(study, cell):
+        raise ValueError(f"study {study['name']!r}, cell {cell!r}: its results are stale: {path} records the config "
+                         f"{data['fingerprint']}, the study config gives {cell_fingerprint(study, cell)} (the cell's "
+                         "config, the study's overrides, evaluation or probe settings changed since it ran); restore "
+                         f"the config from git, or run the cell again (`pathlab study run {study['name']} --cells "
+                         f"{cell}` after removing its folder)")
+    return data
+
+
+def _refuse(study: dict, cell: str, name: str, why: str):
+    path = cell_results_dir(study, cell) / name
+    raise ValueError(f"study {study['name']!r}, cell {cell!r}: {path} is refused: {why}; restore it from git "
+                     f"or run the cell again (`pathlab study run {study['name']} --cells {cell}` after removing "
+                     "its folder)")
 
 
 def missing_cells(study: dict, cells) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pathlab import intervals
 from pathlab.study import tables as study_tables
-from pathlab.study.cells import seed_margins, load_cells, missing_cells, read_cell_file
+from pathlab.study.cells import load_cells, missing_cells, read_eval, seed_margins
 from pathlab.study.config import available_studies, cell_names, load_study, results_dir
 from pathlab.study.runner import cell_status, run_study
 from pathlab.training.config import repo_root
@@ -84,7 +84,7 @@ def _compare(study: dict, a: str, b: str) -> int:
     missing = missing_cells(study, cells)
     if missing:
         raise ValueError(f"no results yet for {', '.join(missing)}")
-    evals = [read_cell_file(study, c, "eval.json") for c in cells]
+    evals = [read_eval(study, c) for c in cells]
     margins = seed_margins(study)
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
     header = f"| L | r({a}) | r({b}) | r({a}) / r({b}) [95%] |"
