@@ -97,11 +97,20 @@ def test_unknown_cells_are_named(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kw, name", [({"profile": "big"}, "profile"), ({"fast": "yes"}, "fast"),
-                                      ({"out_dir": 3}, "out_dir"), ({"seed": -1}, "seed")])
+                                      ({"out_dir": 3}, "out_dir"), ({"seed": -1}, "seed"),
+                                      ({"variants": "rope,bogus"}, "variants"), ({"variants": 3}, "variants"),
+                                      ({"near_width": 33}, "near_width"), ({"near_width": True}, "near_width")])
 def test_check_parameters(kw, name):
-    params = {"profile": "tiny-cpu", "fast": False, "out_dir": None, "seed": 0} | kw
+    """Every parameter is checked before the notebook draws anything; the study's own values pass."""
+    params = {"profile": "owt16-debian", "fast": False, "out_dir": None, "seed": 0} | kw
     with pytest.raises(ValueError, match=name):
         figures.check_parameters(**params)
+
+
+@pytest.mark.parametrize("kw", [{}, {"variants": "rope,path", "near_width": 64},
+                                {"variants": ["alibi"], "near_width": "per-head"}, {"near_width": "128"}])
+def test_check_parameters_passes_the_studys_own_values(kw):
+    figures.check_parameters(profile="owt16-debian", fast=False, out_dir=None, **kw)
 
 
 def test_out_dirs_and_project_path(tmp_path, monkeypatch):

@@ -54,8 +54,9 @@ def profiles() -> list[str]:
     return available_studies()
 
 
-def check_parameters(*, profile, fast, out_dir, seed=0) -> None:
-    """Validate the notebook parameters; a ValueError names the parameter and what was expected."""
+def check_parameters(*, profile, fast, out_dir, seed=0, variants=None, near_width=None) -> None:
+    """Validate the notebook parameters before anything is drawn (a bad one found later would leave figures of
+    two runs side by side); a ValueError names the parameter and what was expected."""
     known = profiles()
     if not isinstance(profile, str) or profile not in known:
         raise ValueError(f"profile must be one of {', '.join(known)}, got {profile!r}")
@@ -66,6 +67,21 @@ def check_parameters(*, profile, fast, out_dir, seed=0) -> None:
         raise ValueError(f"out_dir must be a folder path or None (build/figures/<profile>/), got {out_dir!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if variants is None and near_width is None:
+        return
+    from pathlab.probes.records import DEFAULTS
+    from pathlab.study import load_study
+
+    study = load_study(profile, fast=fast)
+    if variants is not None:
+        names = [v.strip() for v in variants.split(",")] if isinstance(variants, str) else variants
+        unknown = [v for v in names if v not in study["cells"]] if isinstance(names, (list, tuple)) else [variants]
+        if unknown or not names:
+            raise ValueError(f"variants must be None or cells of the study {study['name']!r} ("
+                             f"{', '.join(study['cells'])}), comma-separated; got {variants!r}")
+    widths = ["per-head", *(str(w) for w in study["probes"].get("near", DEFAULTS["near"]))]
+    if near_width is not None and (isinstance(near_width, bool) or str(near_width) not in widths):
+        raise ValueError(f"near_width must be None or one of the study's near-set widths {widths}, got {near_width!r}")
 
 
 def notebook_out_dir(profile: str, fast: bool, out_dir=None) -> Path:
