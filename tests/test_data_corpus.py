@@ -468,3 +468,36 @@ def test_token_ids_are_checked_against_the_vocabulary(tmp_path):
     open_split(tmp_path, "train")  # sizes only, unless a vocabulary is given
     with pytest.raises(CorpusError, match=r"train.bin: token id 10 at position 2 .*vocabulary of 10"):
         open_split(tmp_path, "train", vocab_size=10)
+
+
+# ----------------------------------------------------------------------------------------- bad input loses nothing
+
+
+def _copy_corpus(debian_corpus, tmp_path):
+    """A private copy of the prepared fake corpus and of its packages, for tests that damage or replace them."""
+    import shutil
+
+    root, folder = debian_corpus
+    shutil.copytree(root / "debs", tmp_path / "debs")
+    return shutil.copytree(folder, tmp_path / "corpus"), tmp_path / "debs"
+
+
+def test_a_corrupt_package_is_named_with_the_way_out(debian_corpus, tmp_path, monkeypatch):
+    _, debs = _copy_corpus(debian_corpus, tmp_path)
+    deb = debs / "linux-doc-9.9_1.0_all.deb"
+    deb.write_bytes(deb.read_bytes()[:-100])  # an interrupted download
+    message = "linux-doc-9.9_1.0_all.deb is not a readable Debian package .*delete it and prepare again"
+    if debian.shutil.which("dpkg-deb"):
+        with pytest.raises(ValueError, match=message.replace(" .*", r" \(dpkg-deb --fsys-tarfile failed: .*")):
+            debian.extract_wanted(deb, lambda p: True, tmp_path / "out")
+    real_which = debian.shutil.which
+    monkeypatch.setattr(debian.shutil, "which", lambda name: None if name == "dpkg-deb" else real_which(name))
+    with pytest.raises(ValueError, match=message):
+        debian.extract_wanted(deb, lambda p: True, tmp_path / "out")
+    deb = debs / "jargon-text_1.0_all.deb"  # incompressible content, stored: a damaged byte decodes without error
+    _fake_deb(deb, {"usr/share/doc/jargon-text/jargon.txt.gz": np.random.default_rng(0).bytes(100_000)})
+    data = bytearray(deb.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # only the checksum at the end of data.tar.xz tells
+    deb.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="data.tar.xz: .*delete it and prepare again"):
+        debian.extract_wanted(deb, lambda p: True, tmp_path / "out")

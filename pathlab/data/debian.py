@@ -38,9 +38,11 @@ are used as they are and nothing else needs apt.
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 import re
 import shutil
 import subprocess
@@ -293,39 +295,76 @@ def deb_version(deb: Path) -> tuple[str, str]:
     return name, version.replace("%3a", ":")
 
 
+def _corrupt_deb(deb: Path, why: str) -> ValueError:
+    return ValueError(f"{deb} is not a readable Debian package ({why.strip() or 'no details'}); the file is corrupt or "
+                      "truncated (an interrupted download?): delete it and prepare again")
+
+
 def _deb_data_tar(deb: Path) -> tarfile.TarFile:
-    """The data archive of a .deb, opened for streaming."""
+    """The data archive of a .deb, read in full, so that a damaged file fails here (:func:`_corrupt_deb`): a streaming
+    reader stops at the tar's end marker and would never reach the compressed stream's checksum."""
     if shutil.which("dpkg-deb"):
-        raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
-        return tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+        try:
+            raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
+        except subprocess.CalledProcessError as err:
+            said = [line.strip() for line in err.stderr.decode(errors="replace").splitlines() if line.strip()]
+            raise _corrupt_deb(deb, "dpkg-deb --fsys-tarfile failed: " + " / ".join(said[-3:])) from None
+        return _open_tar(deb, raw)
     data = deb.read_bytes()
     if data[:8] != b"!<arch>\n":
-        raise ValueError(f"{deb} is not a Debian package (no ar header)")
+        raise _corrupt_deb(deb, "no ar header")
     pos = 8
     while pos + 60 <= len(data):
-        name = data[pos : pos + 16].decode().strip().rstrip("/")
-        size = int(data[pos + 48 : pos + 58].decode().strip())
-        body = data[pos + 60 : pos + 60 + size]
+        name = data[pos : pos + 16].decode(errors="replace").strip().rstrip("/")
+        try:
+            size = int(data[pos + 48 : pos + 58].decode(errors="replace").strip())
+        except ValueError:
+            raise _corrupt_deb(deb, f"bad ar member header at byte {pos}") from None
+        if pos + 60 + size > len(data):
+            raise _corrupt_deb(deb, f"member {name} ends past the end of the file")
         if name.startswith("data.tar"):
-            if name.endswith(".zst"):
-                raise RuntimeError(f"{deb}: zstd-compressed package; install dpkg (dpkg-deb) to read it")
-            return tarfile.open(fileobj=io.BytesIO(body), mode="r:*")
+            return _open_tar(deb, _decompress(deb, name, data[pos + 60 : pos + 60 + size]))
         pos += 60 + size + (size % 2)
-    raise ValueError(f"{deb} has no data.tar member")
+    raise _corrupt_deb(deb, "no data.tar member")
+
+
+_DECOMPRESSORS = {"data.tar": bytes, "data.tar.xz": lzma.decompress, "data.tar.gz": gzip.decompress,
+                  "data.tar.bz2": bz2.decompress}
+
+
+def _decompress(deb: Path, member: str, body: bytes) -> bytes:
+    if member.endswith(".zst"):
+        raise RuntimeError(f"{deb}: zstd-compressed package; install dpkg (dpkg-deb) to read it")
+    if member not in _DECOMPRESSORS:
+        raise _corrupt_deb(deb, f"unknown data member {member}")
+    try:
+        return _DECOMPRESSORS[member](body)
+    except (lzma.LZMAError, zlib.error, EOFError, OSError) as err:  # bz2 and gzip raise OSError for bad data
+        raise _corrupt_deb(deb, f"{member}: {err}") from None
+
+
+def _open_tar(deb: Path, raw: bytes) -> tarfile.TarFile:
+    try:
+        return tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+    except tarfile.TarError as err:
+        raise _corrupt_deb(deb, f"data archive: {err}") from None
 
 
 def extract_wanted(deb: Path, wants: Callable[[str], bool], dest: Path) -> int:
     """Write the regular files of ``deb`` whose path satisfies ``wants`` under ``dest``; return how many."""
     count = 0
     with _deb_data_tar(deb) as tar:
-        for member in tar:
-            path = member.name.lstrip("./")
-            if not member.isfile() or not wants("/" + path):
-                continue
-            target = dest / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(tar.extractfile(member).read())
-            count += 1
+        try:
+            for member in tar:
+                path = member.name.lstrip("./")
+                if not member.isfile() or not wants("/" + path):
+                    continue
+                target = dest / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
+                count += 1
+        except tarfile.TarError as err:
+            raise _corrupt_deb(deb, f"data archive: {err}") from None
     if count == 0:
         raise RuntimeError(f"{deb.name}: none of the expected files were found inside the package")
     return count
