@@ -501,3 +501,24 @@ def test_a_corrupt_package_is_named_with_the_way_out(debian_corpus, tmp_path, mo
     deb.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="data.tar.xz: .*delete it and prepare again"):
         debian.extract_wanted(deb, lambda p: True, tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda meta: [], "holds an array, not a JSON object"),
+    (lambda meta: {k: v for k, v in meta.items() if k != "splits"}, "splits is missing"),
+    (lambda meta: {**meta, "splits": {**meta["splits"], "train": {**meta["splits"]["train"], "tokens": "6"}}},
+     r"splits\.train\.tokens is a string \('6'\), expected an integer"),
+    (lambda meta: {**meta, "tokenizer": {"name": "t"}}, "tokenizer.vocab_size is missing"),
+])
+def test_meta_json_of_the_wrong_shape_is_refused_by_key(tmp_path, capsys, damage, message):
+    from pathlab.cli import main
+
+    write_corpus(tmp_path, "t", {"train": [[1, 2, 3], [4]], "val": [[5, 6]]}, {"name": "t", "vocab_size": 10,
+                                                                               "eot": 9})
+    (tmp_path / "meta.json").write_text(json.dumps(damage(read_meta(tmp_path))))
+    with pytest.raises(CorpusError, match=f"meta.json:? {message}"):
+        read_meta(tmp_path)
+    for action in ("info", "verify"):
+        assert main(["data", action, str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert f"pathlab data {action}: {tmp_path / 'meta.json'}" in err and "prepare" in err

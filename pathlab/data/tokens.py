@@ -118,9 +118,64 @@ def read_meta(folder: str | Path) -> dict:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise CorpusError(f"{path} is corrupt ({err}); delete the folder and prepare the corpus again") from err
+    if not isinstance(meta, dict):
+        raise CorpusError(f"{path} holds {_json_type(meta)}, not a JSON object; prepare the corpus again")
     if meta.get("format") != FORMAT:
         raise CorpusError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}; prepare the corpus again")
+    problem = _meta_problem(meta)
+    if problem:
+        raise CorpusError(f"{path}: {problem}; the file is corrupt - prepare the corpus again")
     return meta
+
+
+# The keys the readers of meta.json rely on, with their types.
+_TOP_KEYS = {"name": str, "tokenizer": dict, "splits": dict}
+_TOKENIZER_KEYS = {"name": str, "vocab_size": int, "eot": int}
+_SPLIT_KEYS = {"file": str, "tokens": int, "documents": int, "longest_document": int, "sha256": str}
+_PACKAGE_KEYS = {"package": str, "version": str, "train_tokens": int, "val_tokens": int}  # a source from a package
+_EXPECTED = {str: "a string", int: "an integer >= 0", dict: "an object"}
+
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _keys_problem(obj: dict, keys: dict[str, type], where: str) -> str | None:
+    """The first of ``keys`` missing from ``obj`` or of the wrong type, described (``where`` prefixes its name)."""
+    for key, kind in keys.items():
+        if key not in obj:
+            return f"{where}{key} is missing"
+        value = obj[key]
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            shown = f" ({value!r})" if isinstance(value, (str, int, float)) else ""
+            return f"{where}{key} is {_json_type(value)}{shown}, expected {_EXPECTED[kind]}"
+    return None
+
+
+def _meta_problem(meta: dict) -> str | None:
+    """The first key of a parsed meta.json that is missing or of the wrong type (None if all are sound).
+
+    Checked when the file is read, so that a damaged file is refused by name instead of failing later, wherever a
+    reader first trips over it, with a ``KeyError`` or a message built from the wrong value."""
+    problem = _keys_problem(meta, _TOP_KEYS, "") or _keys_problem(meta["tokenizer"], _TOKENIZER_KEYS, "tokenizer.")
+    splits = meta.get("splits")
+    problem = problem or _keys_problem(splits, dict.fromkeys([*SPLITS, *splits], dict), "splits.")
+    if problem:
+        return problem
+    for split, info in splits.items():
+        if problem := _keys_problem(info, _SPLIT_KEYS, f"splits.{split}."):
+            return problem
+        if Path(info["file"]).name != info["file"] or info["file"] in ("", ".", ".."):
+            return f"splits.{split}.file is {info['file']!r}, expected a file name in the corpus folder"
+    sources = meta.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+        return "sources is not an array of objects"
+    for i, source in enumerate(sources):
+        if "package" in source and (problem := _keys_problem(source, _PACKAGE_KEYS, f"sources[{i}].")):
+            return problem
+    return None
 
 
 def check_files(folder: str | Path, meta: dict | None = None, *, hashes: bool = False) -> list[str]:
