@@ -482,6 +482,47 @@ def _copy_corpus(debian_corpus, tmp_path):
     return shutil.copytree(folder, tmp_path / "corpus"), tmp_path / "debs"
 
 
+def _intact(folder: Path, meta: dict) -> bool:
+    return read_meta(folder) == meta and check_files(folder, hashes=True) == []
+
+
+def test_a_pin_apt_does_not_offer_leaves_the_corpus_prepared(debian_corpus, tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from pathlab.cli import main
+
+    folder, debs = _copy_corpus(debian_corpus, tmp_path)
+    meta = read_meta(folder)
+
+    def no_such_version(cmd, cwd=None):
+        raise subprocess.CalledProcessError(100, cmd, stderr=f"E: Version '{cmd[-1]}' was not found")
+
+    monkeypatch.setattr(debian, "_run", no_such_version)
+    monkeypatch.setattr(debian.shutil, "which", lambda name: f"/usr/bin/{name}")
+    pins = tmp_path / "pins.txt"
+    typo = {**debian.read_pins(folder / "meta.json"), "jargon-text": "4.4.7-9"}
+    pins.write_text("".join(f"{p}={v}\n" for p, v in typo.items()))
+    assert main(["data", "prepare", "debian", "--out", str(folder), "--debs", str(debs), "--pin", str(pins),
+                 "--no-progress"]) == 1
+    assert "pinned jargon-text=4.4.7-9 is not offered by apt" in capsys.readouterr().err
+    assert _intact(folder, meta)  # the typo lost nothing
+    assert main(["data", "info", str(folder)]) == 0
+
+
+def test_a_corrupt_package_is_named_and_the_corpus_kept(debian_corpus, tmp_path):
+    folder, debs = _copy_corpus(debian_corpus, tmp_path)
+    meta = read_meta(folder)
+    good = (debs / "jargon-text_1.0_all.deb").read_bytes()
+    broken = debs / "jargon-text_2.0_all.deb"
+    broken.write_bytes(good[: len(good) // 2])  # an interrupted download
+    pins = {**debian.read_pins(folder / "meta.json"), "jargon-text": "2.0"}
+    with pytest.raises(ValueError, match=r"jargon-text_2\.0_all\.deb is not a readable Debian package .*"
+                                         r"delete it and prepare again"):
+        prepare("debian", folder, progress=False, debs=debs, pin=pins)
+    assert _intact(folder, meta)
+    assert not (folder / "work").exists() and not any(p.name.startswith(".prepare") for p in folder.iterdir())
+
+
 def test_a_corrupt_package_is_named_with_the_way_out(debian_corpus, tmp_path, monkeypatch):
     _, debs = _copy_corpus(debian_corpus, tmp_path)
     deb = debs / "linux-doc-9.9_1.0_all.deb"
@@ -501,6 +542,19 @@ def test_a_corrupt_package_is_named_with_the_way_out(debian_corpus, tmp_path, mo
     deb.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="data.tar.xz: .*delete it and prepare again"):
         debian.extract_wanted(deb, lambda p: True, tmp_path / "out")
+
+
+def test_prepare_clears_what_a_killed_preparation_left(debian_corpus, tmp_path, capsys):
+    folder, debs = _copy_corpus(debian_corpus, tmp_path)
+    stamp = (folder / "train.bin").stat().st_mtime_ns
+    leftovers = [folder / ".train.bin.k1ll3d.tmp", folder / ".val.bin.x8y9z0.tmp",
+                 folder / ".prepare.tmp" / "val.bin"]
+    for path in leftovers:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"\0" * 64)
+    prepare("debian", folder, progress=True, debs=debs)
+    assert "up to date" in capsys.readouterr().out and (folder / "train.bin").stat().st_mtime_ns == stamp
+    assert not any(p.exists() for p in leftovers) and not (folder / ".prepare.tmp").exists()
 
 
 @pytest.mark.parametrize("damage,message", [

@@ -27,11 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from pathlab.atomic import DirectoryLock
+
 from . import debian, openwebtext
 from .tokenizer import get_tokenizer, load_bpe, save_bpe, train_bpe
 from .tokens import (
     FORMAT,
     META,
+    SPLITS,
     CorpusError,
     SplitWriter,
     atomic_write_json,
@@ -49,6 +52,7 @@ CORPORA = {
 }
 BPE_TRAINING_CHARS = 12_000_000  # the BPE of "debian-bpe4k" is trained on this much training text (seeded sample)
 TOKENIZER_FILE = "tokenizer.tiktoken"
+BUILD_DIR = ".prepare.tmp"  # inside the corpus folder: the new files are written here, then moved into place
 
 
 def data_root() -> Path:
@@ -183,6 +187,11 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     versions, see :func:`pathlab.data.debian.read_pins`; a dict ``{package: version}`` works too),
     ``n_shards=N`` (openwebtext: use the first N raw shards, for a smaller corpus), ``raw=DIR`` (openwebtext:
     where raw shards are kept).
+
+    A corpus already in the folder stays valid until the new one is complete: the inputs are fetched first, the
+    files are written under ``<folder>/.prepare.tmp/`` and moved into place only once all of them are finished
+    (``meta.json`` last), so a bad pin, a corrupt package or a killed run loses nothing. What a killed
+    preparation left in the folder is deleted.
     """
     if name not in CORPORA:
         raise ValueError(f"name: unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
@@ -192,56 +201,119 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     folder = Path(out_dir) if out_dir is not None else data_root() / name
     recipe = CORPORA[name](**({"n_shards": options["n_shards"]} if "n_shards" in options else {}))
     recipe_hash = _recipe_hash(recipe)
-    if (folder / META).is_file():
-        try:
-            meta = read_meta(folder)
-            pins_match = pins is None or all(pins.get(s.get("package")) == s.get("version") for s in meta["sources"])
-            if meta.get("recipe_hash") == recipe_hash and pins_match and not check_files(folder, meta, hashes=True):
-                if progress:
-                    print(f"{name}: {folder} is up to date ({meta['splits']['train']['tokens']:,} train tokens)")
-                return folder
-        except CorpusError:
-            pass
-        (folder / META).unlink()  # from here on the folder is "unfinished" until the new meta.json lands
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = get_tokenizer("gpt2")
-    tokenizer_info = {"name": "gpt2", "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token}
-    if name.startswith("debian"):
-        debs = Path(options.get("debs") or data_root() / "debian" / "debs")
-        bpe = name == "debian-bpe4k"
-        splits, sources, tokenizer = _build_debian(folder, tokenizer, progress, debs, bpe_vocab=4096 if bpe else None,
-                                                   pins=pins)
-        if bpe:
-            tokenizer_info = {"name": tokenizer.name, "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token,
-                              "file": TOKENIZER_FILE, "sha256": file_sha256(folder / TOKENIZER_FILE)}
-    else:
-        splits, sources = _build_openwebtext(
-            folder, tokenizer, progress, Path(options.get("raw") or folder / "raw"),
-            int(options.get("n_shards", openwebtext.N_SHARDS)),
-        )
-    meta = {
-        "format": FORMAT,
-        "name": name,
-        "tokenizer": tokenizer_info,
-        "dtype": "uint16",
-        "splits": splits,
-        "sources": sources,
-        "recipe": recipe,
-        "recipe_hash": recipe_hash,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    atomic_write_json(folder / META, meta)
-    if progress:
+    meta = _intact_meta(folder, recipe_hash, pins)
+    inputs = None if meta is not None else _fetch_inputs(name, folder, progress, pins, options)
+    if inputs is not None or _leftovers(folder):
+        with DirectoryLock(folder):  # nobody else writes here while leftovers are deleted and files are swapped
+            _remove_leftovers(folder)
+            if inputs is not None:
+                meta = _build(name, folder, inputs, recipe, progress)
+    if progress and inputs is None:
+        print(f"{name}: {folder} is up to date ({meta['splits']['train']['tokens']:,} train tokens)")
+    elif progress:
+        splits = meta["splits"]
         print(f"{name}: wrote {folder} (train {splits['train']['tokens']:,} tokens in "
               f"{splits['train']['documents']:,} documents, val {splits['val']['tokens']:,} tokens in "
               f"{splits['val']['documents']:,} documents)")
     return folder
 
 
-def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path, bpe_vocab: int | None = None, pins=None):
-    if progress:
-        print(f"debian: packages in {debs}" + (" (pinned versions)" if pins else ""), flush=True)
-    packages = debian.fetch_packages(debs, progress=progress, pins=pins)
+def _intact_meta(folder: Path, recipe_hash: str, pins: dict | None) -> dict | None:
+    """``meta.json`` of ``folder`` if it holds this recipe (with ``pins``' package versions) and every file matches
+    its SHA-256; None if it must be built (again): missing, unfinished, corrupt, another recipe or other versions."""
+    try:
+        meta = read_meta(folder)
+    except CorpusError:
+        return None
+    pins_match = pins is None or all(pins.get(s.get("package")) == s.get("version") for s in meta.get("sources", []))
+    if meta.get("recipe_hash") == recipe_hash and pins_match and not check_files(folder, meta, hashes=True):
+        return meta
+    return None
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """What a killed preparation leaves in ``folder``: its build folder, and temporary files beside the splits and
+    ``meta.json`` (from a write killed in the folder itself, as preparations made before the build folder were)."""
+    names = [f"{split}.bin" for split in SPLITS] + [META]
+    found = [p for n in names for p in sorted(folder.glob(f".{n}.*.tmp"))]
+    found += [p for p in (folder / f".{split}.docs.npy.tmp" for split in SPLITS) if p.is_file()]
+    return found + ([folder / BUILD_DIR] if (folder / BUILD_DIR).is_dir() else [])
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Delete :func:`_leftovers`; only under the folder's lock, as another preparation's files in progress are
+    leftovers too."""
+    for path in _leftovers(folder):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _fetch_inputs(name: str, folder: Path, progress: bool, pins: dict | None, options: dict) -> dict:
+    """Download (or find) what corpus ``name`` is made from, before anything in ``folder`` is touched."""
+    if name.startswith("debian"):
+        debs = Path(options.get("debs") or data_root() / "debian" / "debs")
+        if progress:
+            print(f"debian: packages in {debs}" + (" (pinned versions)" if pins else ""), flush=True)
+        return {"packages": debian.fetch_packages(debs, progress=progress, pins=pins),
+                "bpe_vocab": 4096 if name == "debian-bpe4k" else None}
+    raw = Path(options.get("raw") or folder / "raw")
+    return {"shards": openwebtext.fetch_shards(raw, int(options.get("n_shards", openwebtext.N_SHARDS)),
+                                               progress=progress)}
+
+
+def _build(name: str, folder: Path, inputs: dict, recipe: dict, progress: bool) -> dict:
+    """Write corpus ``name`` from ``inputs`` into ``folder``'s build folder, move it into place and return its
+    ``meta.json``; the build folder is gone afterwards, whether or not the build succeeded."""
+    build = folder / BUILD_DIR
+    build.mkdir()
+    try:
+        tokenizer = get_tokenizer("gpt2")
+        tokenizer_info = {"name": "gpt2", "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token}
+        if "packages" in inputs:
+            bpe_vocab = inputs["bpe_vocab"]
+            splits, sources, tokenizer = _build_debian(build, tokenizer, progress, inputs["packages"], bpe_vocab)
+            if bpe_vocab is not None:
+                tokenizer_info = {"name": tokenizer.name, "vocab_size": tokenizer.n_vocab, "eot": tokenizer.eot_token,
+                                  "file": TOKENIZER_FILE, "sha256": file_sha256(build / TOKENIZER_FILE)}
+        else:
+            splits, sources = _build_openwebtext(build, tokenizer, progress, inputs["shards"])
+        meta = {
+            "format": FORMAT,
+            "name": name,
+            "tokenizer": tokenizer_info,
+            "dtype": "uint16",
+            "splits": splits,
+            "sources": sources,
+            "recipe": recipe,
+            "recipe_hash": _recipe_hash(recipe),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        _move_into_place(build, folder, meta)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return meta
+
+
+def _move_into_place(build: Path, folder: Path, meta: dict) -> None:
+    """Move the finished files of ``build`` into ``folder``, replacing the old corpus's.
+
+    The old ``meta.json`` goes first and the new one is written last, so that no reader takes the folder for a
+    corpus while its files are a mix of the old and the new; a tokenizer file the new corpus does not use goes too.
+    """
+    (folder / META).unlink(missing_ok=True)
+    files = [info["file"] for info in meta["splits"].values()] + [f"{split}.docs.npy" for split in meta["splits"]]
+    if meta["tokenizer"].get("file"):
+        files.append(meta["tokenizer"]["file"])
+    else:
+        (folder / TOKENIZER_FILE).unlink(missing_ok=True)
+    for file in files:
+        os.replace(build / file, folder / file)
+    atomic_write_json(folder / META, meta)
+
+
+def _build_debian(folder: Path, tokenizer, progress: bool, packages: dict[str, Path], bpe_vocab: int | None = None):
     work = folder / "work"
     collected = [(source, package, version, docs, debian.held_out(source.name, docs))
                  for source, package, version, docs in debian.collect_documents(work, packages, progress=progress)]
@@ -281,8 +353,7 @@ def _build_debian(folder: Path, tokenizer, progress: bool, debs: Path, bpe_vocab
     return {"train": train.info, "val": val.info}, sources, tokenizer
 
 
-def _build_openwebtext(folder: Path, tokenizer, progress: bool, raw: Path, n_shards: int):
-    shards = openwebtext.fetch_shards(raw, n_shards, progress=progress)
+def _build_openwebtext(folder: Path, tokenizer, progress: bool, shards: list[Path]):
     eot = tokenizer.eot_token
     work = folder / "work"
     # Pass 1: every document, in source order, into one scratch token file (document count unknown until the end).
