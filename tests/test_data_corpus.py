@@ -544,6 +544,19 @@ def test_a_corrupt_package_is_named_with_the_way_out(debian_corpus, tmp_path, mo
         debian.extract_wanted(deb, lambda p: True, tmp_path / "out")
 
 
+def test_prepare_refuses_a_folder_that_holds_another_corpus(debian_corpus, tmp_path, capsys):
+    from pathlab.cli import main
+
+    folder, debs = _copy_corpus(debian_corpus, tmp_path)
+    other = {**read_meta(folder), "name": "debian-bpe4k"}
+    (folder / "meta.json").write_text(json.dumps(other))
+    (folder / "tokenizer.tiktoken").write_text("its trained BPE\n")
+    assert main(["data", "prepare", "debian", "--out", str(folder), "--debs", str(debs), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "holds the corpus 'debian-bpe4k', not 'debian'" in err and "another folder" in err
+    assert _intact(folder, other) and (folder / "tokenizer.tiktoken").read_text() == "its trained BPE\n"
+
+
 def test_prepare_clears_what_a_killed_preparation_left(debian_corpus, tmp_path, capsys):
     folder, debs = _copy_corpus(debian_corpus, tmp_path)
     stamp = (folder / "train.bin").stat().st_mtime_ns

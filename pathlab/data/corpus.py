@@ -190,8 +190,8 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
 
     A corpus already in the folder stays valid until the new one is complete: the inputs are fetched first, the
     files are written under ``<folder>/.prepare.tmp/`` and moved into place only once all of them are finished
-    (``meta.json`` last), so a bad pin, a corrupt package or a killed run loses nothing. What a killed
-    preparation left in the folder is deleted.
+    (``meta.json`` last), so a bad pin, a corrupt package or a killed run loses nothing. A folder whose
+    ``meta.json`` names another corpus is refused, and what a killed preparation left there is deleted.
     """
     if name not in CORPORA:
         raise ValueError(f"name: unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
@@ -201,6 +201,7 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
     folder = Path(out_dir) if out_dir is not None else data_root() / name
     recipe = CORPORA[name](**({"n_shards": options["n_shards"]} if "n_shards" in options else {}))
     recipe_hash = _recipe_hash(recipe)
+    _refuse_other_corpus(folder, name)
     meta = _intact_meta(folder, recipe_hash, pins)
     inputs = None if meta is not None else _fetch_inputs(name, folder, progress, pins, options)
     if inputs is not None or _leftovers(folder):
@@ -216,6 +217,22 @@ def prepare(name: str, out_dir: str | Path | None = None, progress: bool = True,
               f"{splits['train']['documents']:,} documents, val {splits['val']['tokens']:,} tokens in "
               f"{splits['val']['documents']:,} documents)")
     return folder
+
+
+def _refuse_other_corpus(folder: Path, name: str) -> None:
+    """:class:`CorpusError` if ``folder``'s ``meta.json`` names a corpus other than ``name``.
+
+    Preparing there would replace that corpus's files (and leave behind those the new one does not write, such as
+    a trained tokenizer). A ``meta.json`` too damaged to name a corpus protects nothing: that folder is rebuilt."""
+    try:
+        other = json.loads((folder / META).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(other, str) and other != name:
+        raise CorpusError(
+            f"out: {folder} holds the corpus {other!r}, not {name!r}; prepare {name!r} into another folder "
+            f"(--out / out_dir), or delete {folder / META} if {other!r} may be replaced"
+        )
 
 
 def _intact_meta(folder: Path, recipe_hash: str, pins: dict | None) -> dict | None:
