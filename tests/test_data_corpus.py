@@ -589,3 +589,15 @@ def test_meta_json_of_the_wrong_shape_is_refused_by_key(tmp_path, capsys, damage
         assert main(["data", action, str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert f"pathlab data {action}: {tmp_path / 'meta.json'}" in err and "prepare" in err
+
+
+def test_data_info_warns_of_a_truncated_split(debian_corpus, tmp_path, capsys):
+    from pathlab.cli import main
+
+    folder, _ = _copy_corpus(debian_corpus, tmp_path)
+    data = (folder / "train.bin").read_bytes()
+    (folder / "train.bin").write_bytes(data[: len(data) // 2])
+    assert main(["data", "info", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert f"WARNING: {folder / 'train.bin'} has {len(data) // 2} bytes, expected {len(data)}" in out
+    assert "prepare it again" in out

@@ -41,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
             prepare(args.name, args.out, progress=not args.no_progress, **options)
             return 0
         if args.action == "info":
-            describe(args.name)
-            return 0
+            return 1 if describe(args.name) else 0
         problems = check_files(corpus_dir(args.name), corpus_meta(args.name), hashes=True)
         for p in problems:
             print(p, file=sys.stderr)

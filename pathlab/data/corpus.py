@@ -398,11 +398,15 @@ def _build_openwebtext(folder: Path, tokenizer, progress: bool, shards: list[Pat
     return {"train": train.info, "val": val.info}, sources
 
 
-def describe(name_or_dir: str | Path, file=None) -> None:
-    """Print a short summary of a prepared corpus."""
+def describe(name_or_dir: str | Path, file=None) -> list[str]:
+    """Print a short summary of a prepared corpus; return the problems with its files (empty if none).
+
+    The file sizes are checked against the recorded token counts (not the SHA-256: ``pathlab data verify``), so
+    that a truncated or missing file is reported instead of counts it no longer holds."""
     file = file or sys.stdout
     meta = corpus_meta(name_or_dir)
-    print(f"{meta['name']} ({corpus_dir(name_or_dir)}), tokenizer {meta['tokenizer']['name']}", file=file)
+    folder = corpus_dir(name_or_dir)
+    print(f"{meta['name']} ({folder}), tokenizer {meta['tokenizer']['name']}", file=file)
     for split, info in meta["splits"].items():
         print(f"  {split:5s} {info['tokens']:>13,} tokens {info['documents']:>9,} documents, longest "
               f"{info['longest_document']:,}", file=file)
@@ -410,3 +414,10 @@ def describe(name_or_dir: str | Path, file=None) -> None:
         if "package" in s:
             print(f"  {s['source']:16s} {s['package']} {s['version']}: train {s['train_tokens']:,} / val "
                   f"{s['val_tokens']:,} tokens", file=file)
+    problems = check_files(folder, meta)
+    for problem in problems:
+        print(f"  WARNING: {problem}", file=file)
+    if problems:
+        print("  the corpus is corrupt or unfinished: the counts above are not what its files hold; prepare it again",
+              file=file)
+    return problems
