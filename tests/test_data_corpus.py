@@ -601,3 +601,18 @@ def test_data_info_warns_of_a_truncated_split(debian_corpus, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"WARNING: {folder / 'train.bin'} has {len(data) // 2} bytes, expected {len(data)}" in out
     assert "prepare it again" in out
+
+
+def test_read_pins_names_what_is_wrong_with_the_file(debian_corpus, tmp_path):
+    _, folder = debian_corpus
+    with pytest.raises(ValueError, match="is a folder; give a file in it"):
+        debian.read_pins(folder)
+    meta = read_meta(folder)
+    del meta["sources"][1]["version"]
+    damaged = tmp_path / "meta.json"
+    damaged.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"meta.json: sources\[1\] has package 'sword-text-web' and version None"):
+        debian.read_pins(damaged)
+    (tmp_path / "env.json").write_text(json.dumps({"corpus_identity": {"packages": "jargon-text=1.0"}}))
+    with pytest.raises(ValueError, match="corpus_identity.packages is not a list"):
+        debian.read_pins(tmp_path / "env.json")

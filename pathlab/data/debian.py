@@ -192,19 +192,29 @@ def read_pins(pins) -> dict[str, str]:
     if isinstance(pins, dict):
         return {str(k): str(v) for k, v in pins.items()}
     path = Path(pins)
+    if path.is_dir():
+        raise ValueError(f"pin: {path} is a folder; give a file in it: a corpus's meta.json, a run's env.json or "
+                         "lines package=version")
     if not path.is_file():
         raise ValueError(f"pin: {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"pin: {path} is not a text file; give a corpus's meta.json, a run's env.json or lines "
+                         "package=version") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
         obj = None
     out: dict[str, str] = {}
     if isinstance(obj, dict) and "sources" in obj:
-        out = {s["package"]: s["version"] for s in obj["sources"] if "package" in s}
+        out = _pins_of_sources(path, obj["sources"])
         lines = []
     elif isinstance(obj, dict) and isinstance(obj.get("corpus_identity"), dict):
         lines = obj["corpus_identity"].get("packages", [])
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise ValueError(f"pin: {path}: corpus_identity.packages is not a list of package=version strings; "
+                             "the file is damaged - pin with the corpus's meta.json instead")
     elif obj is not None:
         raise ValueError(f"pin: {path} is JSON but neither a corpus's meta.json nor a run's env.json")
     else:
@@ -219,6 +229,24 @@ def read_pins(pins) -> dict[str, str]:
         out[package] = version
     if not out:
         raise ValueError(f"pin: {path} names no package versions")
+    return out
+
+
+def _pins_of_sources(path: Path, sources) -> dict[str, str]:
+    """``{package: version}`` of the ``sources`` of a corpus's meta.json (those without a package skipped)."""
+    if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+        raise ValueError(f"pin: {path}: sources is not a list of objects; the file is not an intact meta.json - "
+                         "pin with another copy of it, a run's env.json or lines package=version")
+    out = {}
+    for i, source in enumerate(sources):
+        if "package" not in source:
+            continue
+        package, version = source["package"], source.get("version")
+        if not isinstance(package, str) or not isinstance(version, str) or not package or not version:
+            raise ValueError(f"pin: {path}: sources[{i}] has package {package!r} and version {version!r}, expected "
+                             "two names; the file is not an intact meta.json - pin with another copy of it, a run's "
+                             "env.json or lines package=version")
+        out[package] = version
     return out
 
 
