@@ -4,6 +4,7 @@ within a time budget, on a synthetic corpus."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -119,6 +120,37 @@ def test_no_stage_starts_without_the_reserve(corpus, tmp_path, runs):  # noqa: F
     assert studies.run_study(s, budget_s=10, progress=False) == {"rope": "not started", "qkv": "not started"}
 
 
+def test_a_trained_run_of_another_config_is_refused_not_relabelled(corpus, tmp_path, runs, capsys):  # noqa: F811
+    """The cell's results removed (as the stale message says) after its config changed: the finished run in runs/
+    is of the old config, so the cell must not evaluate it under the new config's name."""
+    s = studies.load_study(_study(corpus, tmp_path))
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    shutil.rmtree(studies.cell_results_dir(s, "rope"))
+    spec = {**s["cells"]["rope"], "overrides": {"optim.lr": 2e-2}}
+    changed = studies.load_study({**_study(corpus, tmp_path), "cells": {**s["cells"], "rope": spec}})
+    assert studies.cell_status(changed, "rope") == "trained"
+    assert studies.run_study(changed, "rope", progress=False) == {"rope": "failed"}
+    err = capsys.readouterr().err
+    assert "cell 'rope': cannot resume" in err and "optim.lr" in err and "remove" in err
+    assert not (studies.cell_results_dir(changed, "rope") / "cell.json").exists()
+
+
+def test_a_corrupt_final_checkpoint_is_trained_again_not_evaluated_early(corpus, tmp_path, runs):  # noqa: F811
+    """The final checkpoint corrupt after training: the trainer falls back to the previous one, and the cell
+    continues training to the end before it evaluates, so its results are of the final model."""
+    s = studies.load_study(_study(corpus, tmp_path))
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    shutil.rmtree(studies.cell_results_dir(s, "rope"))
+    ckpt = studies.run_dir(s, "rope") / "ckpt.pt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 16] = b"\xff" * 16
+    ckpt.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="ckpt.prev.pt"):
+        assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    cell = json.loads((studies.cell_results_dir(s, "rope") / "cell.json").read_text())
+    assert cell["iterations"] == 6 and studies.load_cells(s, ["rope"])["rope"]["eval"]["checkpoint_step"] == 6
+
+
 def test_figure_inputs_train_the_missing_cells_of_a_cpu_study(corpus, tmp_path, runs, monkeypatch):  # noqa: F811
     original = studies.load_study
     monkeypatch.setattr(study_cells, "load_study", lambda profile, fast=False: original(_study(corpus, tmp_path)))
@@ -149,6 +181,24 @@ def test_a_corrupt_result_file_is_refused_with_its_path(tmp_path, name):
     if name == "eval.json":
         with pytest.raises(ValueError, match="eval.json is refused: it cannot be read"):
             study_cli._compare(s, "path-seed2", "path-seed2")
+
+
+def test_a_damaged_probe_record_is_refused_wherever_it_is_damaged(tmp_path):
+    """Bytes overwritten anywhere in ``probes.npz`` (the compressed data included), or an empty file: always the
+    error naming the file, never a decoder's own exception."""
+    s = _committed_cells(tmp_path, "path-seed2")
+    target = tmp_path / "path-seed2" / "probes.npz"
+    whole = target.read_bytes()
+    for at in [*range(0, len(whole) - 16, len(whole) // 40), None]:
+        target.write_bytes(b"" if at is None else whole[:at] + b"X" * 16 + whole[at + 16:])
+        try:
+            studies.load_cells(s, ["path-seed2"])
+        except ValueError as err:
+            assert "probes.npz is refused" in str(err)
+        else:  # bytes the reader never uses (zip padding, a member's name in the central copy) may stay unnoticed
+            assert at is not None
+    target.write_bytes(whole)
+    assert list(studies.load_cells(s, ["path-seed2"])) == ["path-seed2"]
 
 
 def _committed_cells(tmp_path, *names):

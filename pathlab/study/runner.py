@@ -26,6 +26,7 @@ from pathlib import Path
 from pathlab.atomic import atomic_write_bytes
 from pathlab.study.config import (cell_config, cell_fingerprint, cell_names, cell_results_dir, load_study,
                                   run_dir)
+from pathlab.training.checkpoint import CKPT_NAME, PREV_NAME
 from pathlab.training.config import repo_root
 
 STAGES = ("train", "eval", "probes")
@@ -95,22 +96,29 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
         print(f"[{study['name']}/{cell}] {status}: {cfg['model']['attention']} "
               f"{cfg['model'].get('attention_kwargs') or ''}, {cfg['train']['max_iters']} iterations", flush=True)
     t0 = time.monotonic()
-    if status != "trained":
-        train_deadline = None if deadline is None else deadline - float(study["reserve_s"])
-        try:
-            training.train(cfg, run_dir=run, resume=(run / "ckpt.pt").is_file(), progress=progress,
-                           deadline=train_deadline)
-        except training.TrainingPaused:
-            raise StudyPaused(f"cell {cell!r}: the time budget ran out during training; its checkpoint in {run} "
-                              "is kept and the same command continues it") from None
+    # Always through the trainer, also for a finished run: it refuses a run of another config (the cell was edited
+    # after training) and continues one whose final checkpoint was corrupt, instead of evaluating an older model.
+    train_deadline = None if deadline is None else deadline - float(study["reserve_s"])
+    try:
+        training.train(cfg, run_dir=run, resume=any((run / name).is_file() for name in (CKPT_NAME, PREV_NAME)),
+                       progress=progress, deadline=train_deadline)
+    except training.TrainingPaused:
+        raise StudyPaused(f"cell {cell!r}: the time budget ran out during training; its checkpoint in {run} "
+                          "is kept and the same command continues it") from None
+    except ValueError as err:  # e.g. a run of another config: the cell's own folder is the way out
+        raise ValueError(f"cell {cell!r}: {err} (for a study cell: remove {run} to train the cell again)") from None
     times["train_s"] = time.monotonic() - t0
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
     t0 = time.monotonic()
     ev = study["eval"]
-    evaluate(run, ev.get("lengths", cfg["eval"]["lengths"]), n_windows=ev.get("n_windows"), seed=ev.get("seed"),
-             device=device, out=out, progress=progress)
+    report = evaluate(run, ev.get("lengths", cfg["eval"]["lengths"]), n_windows=ev.get("n_windows"),
+                      seed=ev.get("seed"), device=device, out=out, progress=progress)
+    if report["checkpoint_step"] != cfg["train"]["max_iters"]:
+        raise RuntimeError(f"cell {cell!r}: the evaluation read the checkpoint of iteration {report['checkpoint_step']}"
+                           f", not the final one ({cfg['train']['max_iters']}): {run} changed during the cell; run "
+                           "the cell again")
     times["eval_s"] = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -154,6 +162,10 @@ def run_study(study, cells=None, *, budget_s: float | None = None, device: str |
     """
     study = study if isinstance(study, dict) else load_study(study, fast=fast)
     names = list(study["cells"]) if cells is None else cell_names(study, cells)
+    if device is not None:  # before any cell trains: a device that is not there fails the evaluation, not the run
+        from pathlab.training.distributed import resolve_device
+
+        resolve_device(device, what="device")
     deadline = None if budget_s is None else time.monotonic() + float(budget_s)
     out = {}
     for name in names:
