@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 
 from pathlab import intervals
 from pathlab.study.config import cell_fingerprint, cell_results_dir, figure_cells, load_study, runs_here
@@ -65,7 +66,7 @@ def read_cell_file(study: dict, cell: str, name: str, reader=None):
     path = cell_results_dir(study, cell) / name
     try:
         data = reader(path) if reader else json.loads(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile, zlib.error) as err:
         _refuse(study, cell, name, f"it cannot be read ({type(err).__name__}: {err})")
     if name in JSON_FILES:
         name_key, keys = JSON_FILES[name]
