@@ -140,6 +140,24 @@ def test_a_run_stopped_before_its_summary_gets_it_from_the_final_checkpoint(corp
     assert {k: v for k, v in cut.items() if k not in timing} == {k: v for k, v in whole.items() if k not in timing}
 
 
+def test_a_damaged_metrics_line_costs_only_itself_on_resume(corpus, tmp_path):
+    """One damaged line in metrics.jsonl (before the checkpoint): resuming drops that line, with a warning naming
+    it, and keeps every good line before and after it."""
+    cfg = tiny_config(corpus, max_iters=8, eval_interval=0, ckpt_interval=4)
+    train(cfg, run_dir=tmp_path / "whole", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run_dir=tmp_path / "cut", progress=False, _interrupt_at=6)
+    log = tmp_path / "cut" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    lines[1] = lines[1][:9]  # iteration 1's entry, torn
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: dropped damaged line\(s\) \[2\]"):
+        train(cfg, run_dir=tmp_path / "cut", progress=False, resume=True)
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if "loss" in json.loads(line)]
+    assert steps == [0, *range(2, 8)]
+    assert _losses(tmp_path / "cut")[0] == [x for i, x in enumerate(_losses(tmp_path / "whole")[0]) if i != 1]
+
+
 # ------------------------------------------------------------------------------------- checkpoint integrity
 
 

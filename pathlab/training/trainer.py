@@ -34,6 +34,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -172,20 +173,23 @@ def _check_data(cfg: dict, meta: dict) -> None:
 
 
 class _MetricsLog:
-    """Append-only JSONL (rank 0); on resume, entries from iterations at or after the checkpoint are dropped."""
+    """Append-only JSONL (rank 0); on resume, entries from iterations at or after the checkpoint are dropped, and
+    so is a damaged line (a process killed mid-write), with a warning that names it: every other line is kept."""
 
     def __init__(self, path: Path, enabled: bool, keep_before: int | None):
         self.path, self.enabled = path, enabled
         if not enabled:
             return
-        lines = []
+        lines, damaged = [], []
         if keep_before is not None and path.exists():
-            for line in path.read_text().splitlines():
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
                 try:
                     if json.loads(line)["step"] < keep_before:
                         lines.append(line)
-                except (json.JSONDecodeError, KeyError):
-                    break
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    damaged.append(number)
+        if damaged:
+            warnings.warn(f"{path}: dropped damaged line(s) {damaged}; the other entries are kept", stacklevel=2)
         atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
         self.file = open(path, "a")
 
@@ -261,6 +265,8 @@ def train(config, *, overrides=None, run_dir=None, resume: bool = False, progres
 def _train(config, overrides, run_dir, resume, progress, ctx, interrupt_at, deadline=None) -> Path:
     cfg, corpus_folder, meta = _prepare_run(config, overrides, ctx, progress)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is a file, not a run directory; choose another (`--run-dir`)")
     threads = torch.get_num_threads()
     with _locked(run_dir, ctx):
         try:
