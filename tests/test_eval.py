@@ -160,6 +160,34 @@ def test_eval_cli_reports_bad_input(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_length_the_split_cannot_hold_is_refused_before_any_length_is_scored(monkeypatch):
+    import importlib
+
+    evaluation = importlib.import_module("pathlab.training.evaluate")  # the module (the package exports the function)
+    model = pathlab.build_model(pathlab.ModelConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    monkeypatch.setattr(evaluation, "train_context_losses", lambda *a, **k: pytest.fail("a length was scored"))
+    with pytest.raises(ValueError, match=r"lengths: 4096 needs 4097 validation tokens, the split has only 1000"):
+        evaluate_model(model, np.zeros(1000, dtype=np.int64), [64, 4096], 32, n_windows=2, seed=0, progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA is the case tested")
+def test_a_cuda_device_without_cuda_is_refused_before_any_work(corpus, tmp_path, monkeypatch):  # noqa: F811
+    """`pathlab eval --device cuda` and `pathlab study run --device cuda` on a machine without CUDA: a clear error
+    before anything loads or trains (the study used to train the whole cell first)."""
+    from pathlab import study as studies
+
+    run = train(tiny_config(corpus, max_iters=2, eval_interval=0, ckpt_interval=0, eval_iters=1, grad_accum=1),
+                run_dir=tmp_path / "run", progress=False)
+    with pytest.raises(ValueError, match="device: 'cuda' requested but CUDA is not available"):
+        evaluate(run, [64], n_windows=1, device="cuda", progress=False)
+    monkeypatch.setenv("PATHLAB_RUNS", str(tmp_path / "runs"))
+    s = studies.load_study({"name": "unit", "results_dir": str(tmp_path / "results"), "train_config":
+                            tiny_config(corpus, max_iters=2), "cells": {"rope": {"attention": "rope"}}})
+    with pytest.raises(ValueError, match="device: 'cuda' requested"):
+        studies.run_study(s, device="cuda", progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_evaluating_on_a_rebuilt_corpus_is_refused(corpus, tmp_path):  # noqa: F811
     import shutil
 

@@ -230,6 +230,9 @@ def test_shipped_configs_resolve(name):
     (["optim.beta2=-0.5"], r"'optim.beta2' must lie in \[0, 1\)"),
     (["train.device=gpu"], r"'train.device' must be auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["train.device=cuda:x"], r"'train.device'"),
+    (["eval.lengths=abc"], r"'eval.lengths' must be a comma-separated list of integers, got 'abc'"),
+    (["train.threads=-1"], r"'train.threads' must be >= 1, got -1"),
+    (["optim.lr_decay_iters=-5"], r"'optim.lr_decay_iters' must be >= 1, got -5"),
 ])
 def test_bad_overrides_raise_value_error(override, message):
     with pytest.raises(ValueError, match=message):
@@ -242,6 +245,14 @@ def test_overrides_are_typed():
     assert cfg["optim"]["lr"] == 1e-3 and isinstance(cfg["optim"]["lr"], float)
     assert cfg["train"]["max_iters"] == 7 and cfg["eval"]["lengths"] == [128, 256]
     assert cfg["model"]["attention_kwargs"] == {"base": 500}
+
+
+def test_a_run_dir_that_is_a_file_is_refused(corpus, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me")
+    with pytest.raises(ValueError, match=r"run_dir: .*notes.txt is a file, not a run directory"):
+        train(tiny_config(corpus, max_iters=1), run_dir=path, progress=False)
+    assert path.read_text() == "keep me"
 
 
 def test_data_mismatches_are_refused(corpus, tmp_path):

@@ -152,7 +152,10 @@ def _coerce(key: str, value, types: tuple):
     if float in types and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if list in types and isinstance(value, (str, int)) and not isinstance(value, bool):
-        value = [int(v) for v in str(value).split(",") if v.strip()]
+        try:
+            value = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"config key {key!r} must be a comma-separated list of integers, got {value!r}") from None
     for t in types:
         if t is None:
             continue
@@ -218,8 +221,8 @@ def resolve_config(config, overrides=None) -> dict:
             value = flat[key] = value.lower() == "true"
         if value not in choices:
             raise ValueError(f"config key {key!r} must be one of {list(choices)}, got {value!r}")
-    for key in _POSITIVE:
-        if flat[key] < 1:
+    for key in (*_POSITIVE, "optim.lr_decay_iters", "train.threads"):  # the last two may also be null
+        if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"config key {key!r} must be >= 1, got {flat[key]}")
     for key in ("train.eval_interval", "train.ckpt_interval", "optim.warmup_iters", "optim.weight_decay",
                 "optim.grad_clip"):

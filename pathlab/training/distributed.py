@@ -50,15 +50,17 @@ class DistContext:
         return box[0]
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+def resolve_device(name: str, local_rank: int = 0, what: str = "train.device") -> torch.device:
+    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else ``cpu``; a CUDA device without CUDA is a
+    ValueError naming the setting ``what``, before any work starts."""
+    asked = name
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{local_rank}"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device: {name!r} requested but CUDA is not available; use train.device=cpu")
+        raise ValueError(f"{what}: {asked!r} requested but CUDA is not available; use {what}=cpu")
     return device
 
 

@@ -46,6 +46,7 @@ from pathlab.attention.rope import RoPE
 from pathlab.data.corpus import check_corpus, corpus_meta, load_tokens
 from pathlab.data.tokens import atomic_write_json
 from pathlab.intervals import bootstrap_ratio
+from pathlab.training.distributed import resolve_device
 from pathlab.training.trainer import load_run
 
 PROTOCOL = ("non-overlapping windows of L + 1 validation tokens chosen with seed + L; the same targets scored with "
@@ -179,8 +180,9 @@ def evaluate_model(model, val_tokens, lengths, train_length: int, *, n_windows: 
     device = next(model.parameters()).device
     head_dim = model.config.n_embd // model.config.n_head
     out = {"lengths": {}, **({"ntk": {}} if ntk else {})}
+    starts_at = {L: window_starts(len(val_tokens), L, n_windows, seed) for L in lengths}  # every length checked first
     for L in lengths:
-        starts = window_starts(len(val_tokens), L, n_windows, seed)
+        starts = starts_at[L]
         windows = torch.from_numpy(np.stack([np.asarray(val_tokens[s:s + L + 1], dtype=np.int64) for s in starts]))
         t0 = time.perf_counter()
         losses_train = train_context_losses(model, windows, train_length, dtype=dtype)
@@ -251,7 +253,7 @@ def evaluate(run_dir, lengths, *, n_windows: int | None = None, seed: int | None
     ``out`` to the run directory; ``ntk`` to True for RoPE runs. Returns the eval.json dict.
     """
     run_dir = Path(run_dir)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device or "auto", what="device")
     model, cfg = load_run(run_dir, device=device)
     n_windows = int(n_windows if n_windows is not None else cfg["eval"]["n_windows"])
     seed = int(seed if seed is not None else cfg["eval"]["seed"])
