@@ -105,7 +105,7 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
     except training.TrainingPaused:
         raise StudyPaused(f"cell {cell!r}: the time budget ran out during training; its checkpoint in {run} "
                           "is kept and the same command continues it") from None
-    except ValueError as err:  # e.g. a run of another config: the cell's own folder is the way out
+    except training.RunMismatch as err:  # a run of the cell's earlier config: removing it is the way out
         raise ValueError(f"cell {cell!r}: {err} (for a study cell: remove {run} to train the cell again)") from None
     times["train_s"] = time.monotonic() - t0
     if torch.cuda.is_available():

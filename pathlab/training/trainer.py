@@ -73,6 +73,10 @@ class TrainingPaused(RuntimeError):
     """The time limit (``deadline``) was reached: the run stopped at a checkpoint and ``resume=True`` continues it."""
 
 
+class RunMismatch(ValueError):
+    """The run directory holds a run of another config or corpus, which this call must not continue."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss, the gradient norm or the weights became NaN or infinite; the run stopped before that state was
     used or saved, and its last good checkpoint is kept."""
@@ -325,7 +329,7 @@ def _check_partial_run(run_dir: Path, cfg: dict, ctx: distributed.DistContext) -
 def _check_resume(run_dir: Path, ckpt: dict, cfg: dict, meta: dict, ctx: distributed.DistContext) -> None:
     diff = config_diff(ckpt["config"], cfg, ignore=RESUME_MAY_CHANGE)
     if diff:
-        raise ValueError(
+        raise RunMismatch(
             f"cannot resume {run_dir}: the config differs from the run's ({'; '.join(diff)}). Resume with the "
             "run's own config, or start a new run in another directory"
         )
@@ -333,7 +337,7 @@ def _check_resume(run_dir: Path, ckpt: dict, cfg: dict, meta: dict, ctx: distrib
         try:
             check_corpus(ckpt, meta)
         except ValueError as err:
-            raise ValueError(f"cannot resume {run_dir}: {err}") from None
+            raise RunMismatch(f"cannot resume {run_dir}: {err}") from None
     then = ckpt.get("threads")
     now = cfg["train"]["threads"] or torch.get_num_threads()
     if ctx.is_main and ctx.device.type == "cpu" and then is not None and then != now:
