@@ -79,6 +79,43 @@ def test_settings_layers_and_errors():
         run_task("a5", "sinusoidal", preset="tiny-cpu", progress=False)
 
 
+@pytest.mark.parametrize("task,key,value,message", [
+    ("flipflop", "n_eval", 0, "n_eval must be >= 1"),  # trained, then failed on the empty evaluation set
+    ("flipflop", "n_eval_sparse", 0, "n_eval_sparse must be >= 1"),
+    ("mqrar", "n_eval", 0, "n_eval must be >= 1"),
+    ("a5", "min_lr_ratio", -1, r"min_lr_ratio must be in \[0, 1\]"),  # negative learning rates
+    ("a5", "min_lr_ratio", 2, r"min_lr_ratio must be in \[0, 1\]"),
+    ("a5", "solved_at", 5, r"solved_at must be in \(0, 1\)"),  # no length could ever be solved
+    ("a5", "solved_at", 1, r"solved_at must be in \(0, 1\)"),
+    ("a5", "weight_decay", -1, "weight_decay must be >= 0"),
+    ("a5", "warmup", -5, "warmup must be >= 0"),
+    ("a5", "grad_clip", -1, "grad_clip must be >= 0"),
+    ("a5", "beta2", 1.0, r"beta2 must be in \[0, 1\)"),
+    ("a5", "stop_at", 2.0, r"stop_at must be in \(0, 1\]"),
+    ("a5", "mlp_ratio", 0, "mlp_ratio must be >= 1"),
+    ("a5", "max_seconds", float("inf"), "max_seconds must be a finite number"),  # the result JSON cannot hold it
+])
+def test_settings_out_of_range_are_refused_before_training(task, key, value, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_settings(task, preset="tiny-cpu", overrides={key: value})
+
+
+def test_cli_run_refuses_a_directory_as_out_before_training(tmp_path, capsys, monkeypatch):
+    from pathlab.cli import main
+    from pathlab.tasks import runner
+
+    monkeypatch.setattr(runner, "build_task_model", lambda *a, **k: pytest.fail("trained before checking --out"))
+    assert main(["tasks", "run", "a5", "--attention", "rope", "--preset", "tiny-cpu", "--quiet", "--out",
+                 str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["tasks", "run", "a5", "--attention", "rope", "--preset", "tiny-cpu", "--quiet", "--out",
+                 str(tmp_path / "file" / "r.json")]) == 2
+    assert "which is a file" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out .* is a directory"):
+        run_task("a5", "rope", preset="tiny-cpu", out=tmp_path, progress=False)
+
+
 def test_learning_rate_schedule():
     s = resolve_settings("a5", overrides=dict(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1))
     lrs = [learning_rate(s, i, i / 100) for i in range(101)]

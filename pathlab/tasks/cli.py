@@ -104,9 +104,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(s, indent=1))
             return 0
         if args.action == "run":
-            from pathlab.tasks.runner import run_task
+            from pathlab.tasks.runner import check_output_file, run_task
 
             out = args.out or Path("runs") / "tasks" / args.preset / f"{args.task}-{args.attention}.json"
+            check_output_file(out, "--out")
             rec = run_task(args.task, args.attention, preset=args.preset,
                            overrides=parse_overrides(args.overrides), out=out, progress=not args.quiet,
                            command=_command())

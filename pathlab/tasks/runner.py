@@ -130,6 +130,8 @@ def run_task(task: str, attention: str, *, preset: str | None = None, overrides:
         raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(available_attention())}")
     spec = get_task(task)
     s = resolve_settings(task, preset=preset, overrides=overrides)
+    if out is not None:
+        check_output_file(out, "out")
     device = resolve_device(s["device"])
     if s["precision"] == "tf32":
         torch.set_float32_matmul_precision("high")  # process-wide: fp32 matmuls on TF32 tensor cores
@@ -218,6 +220,19 @@ def _kernel_backend(model, device: torch.device) -> str | None:
     """Which kernel backend the run's variant used (PaTH: "triton" or "torch"; the record's ``path_backend``),
     from :meth:`~pathlab.attention.base.PositionalAttention.kernel_backend`; None for variants without a choice."""
     return model.blocks[0].attn.positional.kernel_backend(device)
+
+
+def check_output_file(path: str | Path, argument: str) -> Path:
+    """Refuse, before any training, a result path that cannot take a file (a directory, or a path under a file):
+    the write at the end of the run would fail and lose the result."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{argument} {path} is a directory; give the path of a JSON file, e.g. "
+                         f"{path / 'result.json'}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{argument} {path} lies under {parent}, which is a file; choose another path")
+    return path
 
 
 def write_json(path: str | Path, record: Mapping) -> Path:

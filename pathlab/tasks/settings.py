@@ -3,12 +3,15 @@
     COMMON defaults  <-  the task's defaults  <-  a preset of configs/tasks/<task>.yaml  <-  key=value overrides
 
 Every key is known in advance and typed by its default (``TYPES`` for keys whose default is None); an unknown key
-or a value of the wrong type is a ``ValueError`` that names the key and lists the valid ones.
+or a value of the wrong type is a ``ValueError`` that names the key and lists the valid ones. A value out of its
+range (:func:`check_ranges`), which would crash the run after its training or spoil it without a word, is one that
+names the key and the range.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -103,6 +106,8 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):  # the result JSON cannot hold it, and no setting means it
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if kind is dict and not isinstance(value, Mapping):
         raise ValueError(f"{key} must be a mapping, got {value!r}")
@@ -125,14 +130,38 @@ def resolve_settings(task: str, *, preset: str | None = None, overrides: Mapping
     for key, choices in CHOICES.items():
         if key in merged and merged[key] not in choices:
             raise ValueError(f"{key} must be one of {choices}, got {merged[key]!r}")
-    for key in ("n_layer", "n_head", "n_embd", "steps", "batch_size", "eval_every", "eval_batch_size"):
-        if merged[key] < 1:
-            raise ValueError(f"{key} must be >= 1, got {merged[key]!r}")
-    if merged["n_embd"] % merged["n_head"]:
-        raise ValueError(f"n_embd ({merged['n_embd']}) must be a multiple of n_head ({merged['n_head']})")
-    if not merged["lr"] > 0:
-        raise ValueError(f"lr must be > 0, got {merged['lr']!r}")
-    if merged["max_seconds"] is not None and not merged["max_seconds"] > 0:
-        raise ValueError(f"max_seconds must be > 0 or None, got {merged['max_seconds']!r}")
+    check_ranges(merged)
     get_task(task).train_batch({**merged, "batch_size": 1}, 0)  # the generators check the task settings
     return merged
+
+
+# (key, test, the rule in words): a value outside its range crashes a run after training (an empty evaluation set)
+# or spoils it without a word (negative learning rates, a target no accuracy reaches), so it is refused up front
+RANGES = (
+    ("lr", lambda v: v > 0, "> 0"),
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1] (the final learning rate as a fraction of lr)"),
+    ("warmup", lambda v: v >= 0, ">= 0"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("grad_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("max_seconds", lambda v: v is None or v > 0, "> 0 or None"),
+    ("stop_at", lambda v: v is None or 0 < v <= 1, "in (0, 1] (an accuracy) or None"),
+    # a length is solved when the sequence accuracy exceeds solved_at, which no accuracy does at 1
+    ("solved_at", lambda v: 0 < v < 1, "in (0, 1) (the sequence accuracy must exceed it)"),
+)
+
+
+def check_ranges(s: Mapping[str, Any]) -> None:
+    """Refuse settings outside their ranges (``RANGES``, and at least 1 for the sizes, counts and every
+    evaluation set), naming the key."""
+    sizes = ["n_layer", "n_head", "n_embd", "mlp_ratio", "steps", "batch_size", "eval_every", "eval_batch_size"]
+    for key in sizes + sorted(k for k in s if k.startswith("n_eval")):
+        if s[key] < 1:
+            raise ValueError(f"{key} must be >= 1, got {s[key]!r}")
+    for key, ok, rule in RANGES:
+        if key in s and not ok(s[key]):
+            raise ValueError(f"{key} must be {rule}, got {s[key]!r}")
+    if s["n_embd"] % s["n_head"]:
+        raise ValueError(f"n_embd ({s['n_embd']}) must be a multiple of n_head ({s['n_head']})")
