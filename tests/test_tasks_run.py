@@ -268,3 +268,70 @@ def test_compiled_training_step_follows_the_eager_run():
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     with pytest.raises(ValueError, match="compile must be one of"):
         run_task("mqrar", "path", preset="tiny-cpu", overrides={"compile": "fast"}, progress=False)
+
+
+@pytest.mark.parametrize("setting,option", [("mqrar:n_back=2", "--n-back"), ("a5:length=3", "--lengths"),
+                                            ("a5:n_layer=2", "--layers")])
+def test_suite_refuses_a_setting_it_sweeps(tmp_path, capsys, setting, option):
+    """The sweep would replace the value without a word: the error points to the sweep's own option."""
+    from pathlab.cli import main
+
+    assert main(["tasks", "suite", "--preset", "tiny-cpu", "--attentions", "nope", "--tasks", "mqrar,a5",
+                 "--set", setting, "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{setting.replace(':', ' setting ')} would be ignored" in err and f"give the values with {option}" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_suite_checks_names_and_settings_before_any_job(tmp_path, capsys, monkeypatch):
+    from pathlab.cli import main
+    from pathlab.tasks import suite
+
+    monkeypatch.setattr(suite, "run_task", lambda *a, **k: pytest.fail("a job started before the checks"))
+    base = ["tasks", "suite", "--preset", "tiny-cpu", "--tasks", "flipflop", "--out-dir", str(tmp_path)]
+    for extra, message in ((["--attentions", "rope,nosuch"], "attentions: unknown 'nosuch'; choose from"),
+                           (["--attentions", "rope,rope"], "attentions names rope more than once"),
+                           (["--set", "flipflop:n_eval=0"], "flipflop settings: n_eval must be >= 1"),
+                           (["--set", "flipflop:attention_kwargs={'base': -1.0}"], "rope base must be a number"),
+                           (["--set", "mqrar:steps=2"], "given for 'mqrar', which this suite does not run")):
+        assert main(base + ["--attentions", "rope"] + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_job_fails_the_suite_and_names_it(tmp_path, capsys, monkeypatch):
+    """The other jobs finish and are written; the exit status is 1 and the message names the failed job, with
+    a ValueError's text and no traceback."""
+    from pathlab.cli import main
+    from pathlab.tasks import suite
+
+    real = suite.run_task
+
+    def fox_fails(task, attention, **kw):
+        if attention == "fox":
+            raise ValueError("fox cannot run here")
+        return real(task, attention, **kw)
+
+    monkeypatch.setattr(suite, "run_task", fox_fails)
+    assert main(["tasks", "suite", "--preset", "tiny-cpu", "--tasks", "flipflop", "--attentions", "fox,nope",
+                 "--set", "flipflop:steps=2", "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 jobs failed: flipflop fox (ValueError: fox cannot run here)" in err and "Traceback" not in err
+    assert [r["attention"] for r in json.loads((tmp_path / "flipflop.json").read_text())["runs"]] == ["nope"]
+
+
+def test_a_job_failed_in_a_worker_fails_the_suite(tmp_path, capsys, monkeypatch):
+    """With worker processes too: a variant registered only in this process passes the checks here and fails
+    in the workers, which start afresh."""
+    from pathlab.attention import registry
+    from pathlab.attention.nope import NoPE
+    from pathlab.cli import main
+
+    monkeypatch.setitem(registry.REGISTRY, "only_here", (NoPE, {}, "registered by the test"))
+    assert main(["tasks", "suite", "--preset", "tiny-cpu", "--tasks", "flipflop", "--attentions", "only_here,nope",
+                 "--workers", "2", "--set", "flipflop:steps=2", "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 jobs failed: flipflop only_here (ValueError: unknown attention 'only_here'" in err
+    assert "Traceback" not in err
+    assert [r["attention"] for r in json.loads((tmp_path / "flipflop.json").read_text())["runs"]] == ["nope"]

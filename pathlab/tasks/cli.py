@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from pathlab.tasks.specs import TASKS
-from pathlab.tasks.suite import DEFAULT_ATTENTIONS
+from pathlab.tasks.suite import DEFAULT_ATTENTIONS, SuiteFailed
 
 
 def _csv(text: str) -> list[str]:
@@ -147,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"pathlab tasks: {err}", file=sys.stderr)
         return 2
+    except SuiteFailed as err:  # the log above names each failure; the finished jobs are written
+        print(f"pathlab tasks: {err}", file=sys.stderr)
+        return 1
     return 2
 
 

@@ -20,10 +20,20 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pathlab.attention.registry import attention_class
-from pathlab.tasks.runner import run_task, write_json
+from pathlab.tasks.runner import build_task_model, run_task, write_json
 from pathlab.tasks.settings import resolve_settings, sweep_preset
+from pathlab.tasks.specs import TASKS
 
 DEFAULT_ATTENTIONS = ("rope", "fox", "path", "path_fox")
+# the lists a task's suite sweeps (the value when neither the preset nor the caller gives one), and for each
+# setting the suite sets from them, (list, option of `pathlab tasks suite`)
+SWEEP_DEFAULTS = {"a5": {"lengths": [16], "layers": [1, 2, 3, 4]}, "mqrar": {"n_back": [1, 2, 3, 4]}}
+SWEPT = {"a5": {"length": ("lengths", "--lengths"), "n_layer": ("layers", "--layers")},
+         "mqrar": {"n_back": ("n_back", "--n-back")}}
+
+
+class SuiteFailed(RuntimeError):
+    """Jobs of a suite failed; the others finished and are written (the message names the failed ones)."""
 
 
 def a5_chain(attention: str, length: int, layers: Sequence[int], *, preset: str | None,
@@ -89,10 +99,12 @@ def _job(kind: str, attention: str, preset, overrides, extra, threads: int | Non
             rec["fallback"] = f"reran with {options} after {type(err).__name__}: {str(err)[:300]}"
             return rec
     except Exception as err:
-        # exceptions that hold frames (torch.compile's) cannot be pickled back from a worker: send the text
+        # exceptions that hold frames (torch.compile's) cannot be pickled back from a worker: send the text, with
+        # the traceback unless it is a ValueError (a bad setting or input), whose message says all there is
         import traceback
 
-        raise RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}") from None
+        detail = "" if isinstance(err, ValueError) else "\n" + traceback.format_exc()[-3000:]
+        raise RuntimeError(f"{type(err).__name__}: {err}{detail}") from None
 
 
 def _aggregate(task: str, preset, command, results: list[dict], **fields) -> dict:
@@ -102,6 +114,75 @@ def _aggregate(task: str, preset, command, results: list[dict], **fields) -> dic
                                              r.get("settings", {}).get("n_back", 0)))
     return {"task": "a5_sweep" if task == "a5" else task, "preset": preset, "command": command, **fields,
             key: results}
+
+
+def _check_names(attentions: Sequence[str], tasks: Sequence[str]) -> None:
+    """Every attention and task is known and named once, checked before any job starts: a misspelt name must
+    not fail the suite after the jobs before it have trained."""
+    from pathlab import available_attention
+
+    for argument, names, valid in (("attentions", list(attentions), available_attention()),
+                                   ("tasks", list(tasks), list(TASKS))):
+        if not names:
+            raise ValueError(f"{argument} is empty; name at least one of {', '.join(valid)}")
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise ValueError(f"{argument}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(valid)}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"{argument} names {', '.join(twice)} more than once; each job would run twice")
+
+
+def _sweep_lists(task: str, preset: str, sweeps: Mapping[str, Any]) -> dict[str, list]:
+    """The lists the suite sweeps for ``task`` (``SWEEP_DEFAULTS`` <- the preset's ``sweep:`` section <- ``sweeps``),
+    each non-empty and without repeats (a repeated value would train its jobs twice)."""
+    known = SWEEP_DEFAULTS.get(task, {})
+    unknown = sorted(set(sweeps) - set(known))
+    if unknown:
+        raise ValueError(f"sweeps[{task!r}]: unknown {', '.join(map(repr, unknown))}; the {task} suite sweeps "
+                         f"{', '.join(map(repr, known)) or 'nothing'}")
+    lists = {name: list(values) for name, values in {**known, **sweep_preset(task, preset), **sweeps}.items()}
+    for name, values in lists.items():
+        if not values or len(set(values)) < len(values):
+            raise ValueError(f"the {task} suite's {name} must be a non-empty list without repeats, got {values!r}")
+    return lists
+
+
+def _check_overrides(task: str, overrides: Mapping[str, Any], lists: Mapping[str, list]) -> None:
+    """A setting the suite sweeps would be replaced by every swept value without a word: refused, pointing to
+    the sweep's own option."""
+    for key, (name, option) in SWEPT.get(task, {}).items():
+        if key in overrides:
+            raise ValueError(f"{task} setting {key}={overrides[key]!r} would be ignored: the suite sweeps {key} "
+                             f"over {lists[name]}; give the values with {option} (sweeps={{{task!r}: {{{name!r}: "
+                             f"[...]}}}} from Python)")
+
+
+def _run_settings(task: str, extra: Mapping[str, Any]) -> list[dict]:
+    """The swept settings of each run of one job (an A5 chain has one run per depth)."""
+    if task == "a5":
+        return [{"length": extra["length"], "n_layer": n} for n in extra["layers"]]
+    return [dict(extra)]
+
+
+def _check_jobs(jobs: Sequence[tuple], preset: str, overrides: Mapping[str, Mapping[str, Any]]) -> None:
+    """The settings of every run, and each variant's options (by building its model once per task), checked
+    before any job starts: a bad value must not fail the suite after the jobs before it have trained."""
+    built = set()
+    for task, attention, extra in jobs:
+        for swept in _run_settings(task, extra):
+            try:
+                s = resolve_settings(task, preset=preset, overrides={**overrides[task], **swept})
+                if (task, attention) not in built:
+                    build_task_model(task, attention, {**s, "n_layer": 1})
+                    built.add((task, attention))
+            except ValueError as err:
+                raise ValueError(f"{task} settings: {err}") from None
+
+
+def _describe(job: tuple) -> str:
+    task, attention, extra = job
+    return " ".join([task, attention] + [f"{key}={value}" for key, value in extra.items()])
 
 
 def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
@@ -118,28 +199,38 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     ``overrides`` maps a task name to settings applied on top of the preset (e.g. ``{"a5": {"steps": 50}}``);
     the sweep lists (A5 ``lengths``/``layers``, MQRAR ``n_back``) come from the ``sweep:`` section of each task's
     YAML, updated by ``sweeps[task]``. ``paths`` overrides the output file of a task. Returns the paths by task.
+
+    Names, sweep lists and the settings of every job are checked before the first job starts (``ValueError``).
+    A job that fails does not stop the others; once they are done, :class:`SuiteFailed` names the failed jobs.
     """
+    _check_names(attentions, tasks)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers!r}")
+    for t in sorted({t for t, o in (overrides or {}).items() if o} | {t for t, sw in (sweeps or {}).items() if sw}):
+        if t not in tasks:
+            raise ValueError(f"settings or sweeps given for {t!r}, which this suite does not run (tasks: "
+                             f"{', '.join(tasks)}); add it to the tasks or leave them out")
     overrides = {t: dict((overrides or {}).get(t, {})) for t in tasks}
-    for t in tasks:  # fail before starting any worker on a bad setting
-        resolve_settings(t, preset=preset, overrides=overrides[t])
+    lists = {t: _sweep_lists(t, preset, dict((sweeps or {}).get(t) or {})) for t in tasks}
+    for t in tasks:
+        _check_overrides(t, overrides[t], lists[t])
     jobs: list[tuple[str, str, dict]] = []
     fields: dict[str, dict] = {}
     if "a5" in tasks:
-        sw = {**sweep_preset("a5", preset), **dict((sweeps or {}).get("a5", {}))}
-        lengths, layers = sw.get("lengths", [16]), sw.get("layers", [1, 2, 3, 4])
+        lengths, layers = lists["a5"]["lengths"], lists["a5"]["layers"]
         solved_at = resolve_settings("a5", preset=preset, overrides=overrides["a5"])["solved_at"]
         fields["a5"] = {"lengths": lengths, "layers": layers, "solved_at": solved_at}
         depth_sets = [[n] for n in sorted(layers, reverse=True)] if parallel_depths else [layers]
         jobs += [("a5", a, {"length": k, "layers": d}) for k in sorted(lengths, reverse=True) for a in attentions
                  for d in depth_sets]
     if "mqrar" in tasks:
-        sw = {**sweep_preset("mqrar", preset), **dict((sweeps or {}).get("mqrar", {}))}
-        n_backs = sw.get("n_back", [1, 2, 3, 4])
+        n_backs = lists["mqrar"]["n_back"]
         fields["mqrar"] = {"n_back": n_backs}
         jobs += [("mqrar", a, {"n_back": n}) for n in n_backs for a in attentions]
     if "flipflop" in tasks:
         fields["flipflop"] = {}
         jobs += [("flipflop", a, {}) for a in attentions]
+    _check_jobs(jobs, preset, overrides)
     # the longest jobs first (flip-flop and the deepest A5 chains), so the pool drains evenly
     order = {"flipflop": 0, "a5": 1, "mqrar": 2}
     jobs.sort(key=lambda j: order[j[0]])
@@ -164,9 +255,20 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
             desc = f"{task} {job[2] or ''}: {_short(rec['summary'])} ({rec['steps']} steps, {rec['stopped']})"
         log(f"[{time.perf_counter() - t0:7.1f}s] {job[1]:>9} {desc}")
 
-    if workers <= 1:
+    failed: list[tuple[tuple, str]] = []
+
+    def fail(job, err):  # one failed job is reported; the others still run
+        failed.append((job, str(err)))
+        log(f"FAILED {_describe(job)}: {err}")
+
+    if workers == 1:
         for job in jobs:
-            finish(job, _job(job[0], job[1], preset, overrides[job[0]], job[2]))
+            try:
+                rec = _job(job[0], job[1], preset, overrides[job[0]], job[2])
+            except Exception as err:
+                fail(job, err)
+                continue
+            finish(job, rec)
     else:
         ctx = mp.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
@@ -176,10 +278,17 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
                 job = futures[fut]
                 try:
                     rec = fut.result()
-                except Exception as err:  # one failed job is reported; the others still finish
-                    log(f"FAILED {job}: {type(err).__name__}: {err}")
+                except Exception as err:
+                    fail(job, err)
                     continue
                 finish(job, rec)
+    if failed:
+        listed = "; ".join(f"{_describe(job)} ({text.splitlines()[0] if text else 'no message'})"
+                           for job, text in failed)
+        written = [str(p) for p in paths.values() if p.is_file()]
+        raise SuiteFailed(f"{len(failed)} of {len(jobs)} jobs failed: {listed}. "
+                          + (f"The others finished and are in {', '.join(written)}" if written else
+                             "No job finished."))
     return paths
 
 
