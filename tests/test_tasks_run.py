@@ -335,3 +335,94 @@ def test_a_job_failed_in_a_worker_fails_the_suite(tmp_path, capsys, monkeypatch)
     assert "1 of 2 jobs failed: flipflop only_here (ValueError: unknown attention 'only_here'" in err
     assert "Traceback" not in err
     assert [r["attention"] for r in json.loads((tmp_path / "flipflop.json").read_text())["runs"]] == ["nope"]
+
+
+def _counting_runs(monkeypatch, stop_after=None):
+    """Patch the suite's run_task to record (attention, n_layer) of each run it trains; with ``stop_after``, the
+    run after that many is interrupted as a kill would (KeyboardInterrupt is no job failure)."""
+    from pathlab.tasks import suite
+
+    real, trained = run_task, []
+
+    def counted(task, attention, **kw):
+        if stop_after is not None and len(trained) == stop_after:
+            raise KeyboardInterrupt
+        trained.append((attention, (kw.get("overrides") or {}).get("n_layer")))
+        return real(task, attention, **kw)
+
+    monkeypatch.setattr(suite, "run_task", counted)
+    return trained
+
+
+def test_an_interrupted_suite_resumes_and_keeps_what_finished(tmp_path, monkeypatch):
+    quiet = dict(preset="tiny-cpu", tasks=["flipflop"], out_dir=tmp_path, log=lambda *_: None)
+    steps = {"flipflop": {"steps": 2}}
+    _counting_runs(monkeypatch, stop_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(attentions=["rope", "nope"], overrides=steps, **quiet)
+    path = tmp_path / "flipflop.json"
+    doc = json.loads(path.read_text())
+    assert [r["attention"] for r in doc["runs"]] == ["rope"] and doc["complete"] is False
+    assert doc["planned"] == [{"attention": "nope"}, {"attention": "rope"}]
+
+    trained = _counting_runs(monkeypatch)
+    run_suite(attentions=["rope", "nope"], overrides=steps, **quiet)  # the same suite again: only nope trains
+    again = json.loads(path.read_text())
+    assert trained == [("nope", None)] and again["complete"] is True
+    assert [r["attention"] for r in again["runs"]] == ["nope", "rope"] and again["runs"][1] == doc["runs"][0]
+
+    run_suite(attentions=["fox"], overrides=steps, **quiet)  # other variants join the file
+    merged = json.loads(path.read_text())
+    assert [r["attention"] for r in merged["runs"]] == ["fox", "nope", "rope"] and merged["complete"] is True
+    assert trained == [("nope", None), ("fox", None)]
+
+    before = path.read_bytes()  # other settings or another preset: refused, the file untouched
+    with pytest.raises(ValueError, match=r"flipflop\.json holds flipflop results of other settings .*steps: 2 there"):
+        run_suite(attentions=["rope"], overrides={"flipflop": {"steps": 3}}, **quiet)
+    with pytest.raises(ValueError, match="results of preset 'tiny-cpu', not 'cpu'.*delete or move the file"):
+        run_suite(**{**quiet, "preset": "cpu"}, attentions=["rope"])
+    assert path.read_bytes() == before and trained == [("nope", None), ("fox", None)]
+
+
+def test_a5_depths_resume_in_their_chain(tmp_path, monkeypatch):
+    quiet = dict(preset="tiny-cpu", tasks=["a5"], attentions=["nope"], out_dir=tmp_path, log=lambda *_: None,
+                 overrides={"a5": {"steps": 2, "eval_every": 2}}, sweeps={"a5": {"lengths": [2], "layers": [1, 2]}})
+    _counting_runs(monkeypatch, stop_after=1)
+    with pytest.raises(KeyboardInterrupt):  # depths as jobs, the deepest first: depth 2 finished
+        run_suite(parallel_depths=True, **quiet)
+    (chain,) = json.loads((tmp_path / "a5_sweep.json").read_text())["chains"]
+    assert chain["layers_tried"] == [2]
+    trained = _counting_runs(monkeypatch)
+    run_suite(**quiet)  # deepening one chain takes the depth it has
+    doc = json.loads((tmp_path / "a5_sweep.json").read_text())
+    assert trained == [("nope", 1)] and doc["complete"] is True
+    assert doc["chains"][0]["layers_tried"] == [1, 2] and doc["chains"][0]["runs"][1] == chain["runs"][0]
+
+
+def test_the_suite_refuses_an_unreadable_results_file(tmp_path):
+    (tmp_path / "mqrar.json").write_text('{"task": "mqrar", "ru')
+    with pytest.raises(ValueError, match=r"mqrar\.json holds earlier results but cannot be read"):
+        run_suite(preset="tiny-cpu", tasks=["mqrar"], attentions=["nope"], out_dir=tmp_path, log=lambda *_: None)
+    with pytest.raises(ValueError, match="lies under .*which is a file"):
+        run_suite(preset="tiny-cpu", tasks=["mqrar"], attentions=["nope"], out_dir=tmp_path / "mqrar.json")
+
+
+def test_committed_results_resume_as_written(tmp_path, monkeypatch):
+    """The committed files predate the plan and completeness fields: the suite that wrote one finds all its jobs
+    done and leaves it as it is; one whose settings no longer resolve the same (no `compile` then) is refused,
+    naming the setting."""
+    import shutil
+    from pathlib import Path
+
+    from pathlab.tasks import suite
+
+    committed = Path(__file__).resolve().parents[1] / "results" / "tasks" / "cpu"
+    for name in ("mqrar.json", "flipflop.json"):
+        shutil.copy(committed / name, tmp_path / name)
+    monkeypatch.setattr(suite, "run_task", lambda *a, **k: pytest.fail("a committed run was trained again"))
+    run_suite(preset="cpu", tasks=["mqrar"], attentions=["rope", "fox", "path"], out_dir=tmp_path,
+              sweeps={"mqrar": {"n_back": [1, 2]}}, log=lambda *_: None,
+              overrides={"mqrar": {"steps": 3000, "max_seconds": None, "stop_at": 0.99}})
+    assert (tmp_path / "mqrar.json").read_bytes() == (committed / "mqrar.json").read_bytes()
+    with pytest.raises(ValueError, match="other settings .*compile: absent there, 'none' in this suite"):
+        run_suite(preset="cpu", tasks=["flipflop"], attentions=["rope"], out_dir=tmp_path, log=lambda *_: None)

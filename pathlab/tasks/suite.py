@@ -7,12 +7,16 @@ is the minimum number of layers for k (None when no depth in the list solves it)
 **Suite.** Flip-flop per attention, MQRAR-N per attention and N, and the A5 sweep, all from one preset of
 ``configs/tasks/*.yaml``. Small models leave a GPU mostly idle, so ``workers > 1`` runs independent jobs in
 separate processes sharing the device. Each task's aggregate JSON is rewritten (atomically) after every finished
-job, so a run cut short still leaves every finished result on disk.
+job, so a run cut short still leaves every finished result on disk, and the same suite run again resumes: it
+keeps the finished records of its files and trains only the jobs they lack. A file of another preset or other
+settings is refused, never mixed with this suite's results or replaced by them. Each file lists the jobs planned
+for it and whether all of them finished (``pathlab.tasks.records``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import multiprocessing as mp
 import os
 import time
@@ -20,7 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pathlab.attention.registry import attention_class
-from pathlab.tasks.runner import build_task_model, run_task, write_json
+from pathlab.tasks import records
+from pathlab.tasks.runner import build_task_model, check_output_file, run_task, write_json
 from pathlab.tasks.settings import resolve_settings, sweep_preset
 from pathlab.tasks.specs import TASKS
 
@@ -37,14 +42,16 @@ class SuiteFailed(RuntimeError):
 
 
 def a5_chain(attention: str, length: int, layers: Sequence[int], *, preset: str | None,
-             overrides: Mapping[str, Any] | None = None, progress: bool = False) -> dict:
-    """Train A5 at one length with increasing depth until one solves it; returns the chain record."""
+             overrides: Mapping[str, Any] | None = None, progress: bool = False, done: Sequence[dict] = ()) -> dict:
+    """Train A5 at one length with increasing depth until one solves it; returns the chain record. ``done``: runs
+    of this chain that an interrupted suite finished, taken instead of training their depths again."""
+    kept = {int(r["settings"]["n_layer"]): r for r in done}
     runs = []
     min_layers = None
     for n_layer in sorted(layers):
-        rec = run_task("a5", attention, preset=preset,
-                       overrides={**dict(overrides or {}), "length": int(length), "n_layer": int(n_layer)},
-                       progress=progress)
+        rec = kept.get(int(n_layer)) or run_task(
+            "a5", attention, preset=preset,
+            overrides={**dict(overrides or {}), "length": int(length), "n_layer": int(n_layer)}, progress=progress)
         runs.append(rec)
         if rec["summary"]["sequence_accuracy"] > rec["settings"]["solved_at"]:
             min_layers = int(n_layer)
@@ -55,12 +62,18 @@ def a5_chain(attention: str, length: int, layers: Sequence[int], *, preset: str 
 
 def merge_chains(chains: Sequence[dict]) -> dict:
     """One chain from chains of the same (attention, length) that tried different depths (``parallel_depths``):
-    the runs in depth order, and the minimum depth among those that solved the length (None when none did)."""
-    runs = sorted((r for c in chains for r in c["runs"]), key=lambda r: r["settings"]["n_layer"])
+    the runs in depth order (one per depth, the later chain's where two hold it), the minimum depth among those
+    that solved the length (None when none did) and the chains' fallback notes."""
+    by_depth = {r["settings"]["n_layer"]: r for c in chains for r in c["runs"]}
+    runs = [by_depth[n] for n in sorted(by_depth)]
     solved = [c["min_layers"] for c in chains if c["min_layers"] is not None]
-    return {"attention": chains[0]["attention"], "length": chains[0]["length"],
-            "layers_tried": [r["settings"]["n_layer"] for r in runs], "min_layers": min(solved, default=None),
-            "runs": runs}
+    merged = {"attention": chains[0]["attention"], "length": chains[0]["length"],
+              "layers_tried": [r["settings"]["n_layer"] for r in runs], "min_layers": min(solved, default=None),
+              "runs": runs}
+    notes = list(dict.fromkeys(c["fallback"] for c in chains if c.get("fallback")))
+    if notes:
+        merged["fallback"] = "; ".join(notes)
+    return merged
 
 
 def _worker_threads(workers: int) -> int:
@@ -80,7 +93,8 @@ def _job(kind: str, attention: str, preset, overrides, extra, threads: int | Non
 
     def go(overrides):
         if kind == "a5":
-            return a5_chain(attention, extra["length"], extra["layers"], preset=preset, overrides=overrides)
+            return a5_chain(attention, extra["length"], extra["layers"], preset=preset, overrides=overrides,
+                            done=extra.get("done", ()))
         return run_task(kind, attention, preset=preset, overrides={**dict(overrides or {}), **extra},
                         progress=False)
 
@@ -107,13 +121,133 @@ def _job(kind: str, attention: str, preset, overrides, extra, threads: int | Non
         raise RuntimeError(f"{type(err).__name__}: {err}{detail}") from None
 
 
-def _aggregate(task: str, preset, command, results: list[dict], **fields) -> dict:
+def _aggregate(task: str, preset, command, results: list[dict], planned: list[dict], pending: int = 0,
+               **fields) -> dict:
+    """A task's suite file: its records, the jobs planned for it and whether it is complete: every planned job
+    has its finished record and none of this suite's (``pending``) is left."""
     key = "chains" if task == "a5" else "runs"
     # a stable order whatever order the workers finished in
     results = sorted(results, key=lambda r: (r["attention"], r.get("length", 0),
                                              r.get("settings", {}).get("n_back", 0)))
-    return {"task": "a5_sweep" if task == "a5" else task, "preset": preset, "command": command, **fields,
-            key: results}
+    doc = {"task": records.FILE_TASK[task], "preset": preset, "command": command, **fields, "planned": planned,
+           key: results}
+    doc["complete"] = not pending and not records.missing_jobs(task, doc)
+    return doc
+
+
+def _earlier_file(task: str, path: Path) -> dict | None:
+    """The suite file an earlier run left at ``path`` (None where there is none). One that cannot be read or is
+    not this task's is refused, never overwritten."""
+    if not path.exists():
+        return None
+    way_out = "move it away, or write elsewhere (--out-dir; --out of sweep-a5)"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} holds earlier results but cannot be read ({type(err).__name__}: {err}); restore "
+                         f"it (e.g. from git), or {way_out}") from None
+    key = "chains" if task == "a5" else "runs"
+    if not isinstance(doc, dict) or doc.get("task") != records.FILE_TASK[task] or not isinstance(doc.get(key), list):
+        raise ValueError(f"{path} is not a suite file of {task} (no task {records.FILE_TASK[task]!r} with a list "
+                         f"of {key}); {way_out}")
+    return doc
+
+
+def _settings_difference(task: str, run: Mapping, preset: str, overrides: Mapping[str, Any]) -> str | None:
+    """How an earlier run's settings differ from those this suite gives the same job (None where they agree). A
+    run redone on its variant's plain path after a kernel failed (``fallback_options``) agrees."""
+    from pathlab.results import to_jsonable
+
+    have = dict(run.get("settings") or {})
+    swept = {key: have[key] for key in SWEPT.get(task, {}) if key in have}
+    try:
+        want = to_jsonable(resolve_settings(task, preset=preset, overrides={**overrides, **swept}))
+    except ValueError as err:
+        return f"this suite's settings do not take its {swept} ({err})"
+    try:
+        fallback = dict(attention_class(run["attention"]).fallback_options)
+    except ValueError:  # a variant no longer registered
+        fallback = {}
+    if fallback and have.get("attention_kwargs") == {**want["attention_kwargs"], **fallback}:
+        want["attention_kwargs"] = have["attention_kwargs"]
+    for key in sorted(set(want) | set(have)):
+        if key not in have or key not in want or have[key] != want[key]:
+            there = repr(have[key]) if key in have else "absent"
+            here = repr(want[key]) if key in want else "absent"
+            return f"{key}: {there} there, {here} in this suite"
+    return None
+
+
+def _check_earlier(task: str, path: Path, doc: Mapping, preset: str, overrides: Mapping[str, Any],
+                   fields: Mapping[str, Any]) -> None:
+    """Records of another preset or other settings are refused, naming the file: kept, they would mix two
+    experiments in one file; replaced, an experiment would be lost."""
+    def refuse(what):
+        raise ValueError(f"{path} holds {task} results of {what}; to keep them, write elsewhere (--out-dir; --out "
+                         f"of sweep-a5), or delete or move the file to replace them")
+
+    earlier = records.records(task, doc)
+    if doc.get("preset") != preset:
+        refuse(f"preset {doc.get('preset')!r}, not {preset!r}")
+    if task == "a5" and earlier and sorted(doc.get("layers") or []) != sorted(fields["layers"]):
+        refuse(f"the depths {doc.get('layers')}, not {fields['layers']}")
+    for record in earlier:
+        for run in records.runs_of(task, record):
+            if run.get("preset") != preset:
+                refuse(f"preset {run.get('preset')!r} ({run['attention']}), not {preset!r}")
+            difference = _settings_difference(task, run, preset, overrides)
+            if difference:
+                refuse(f"other settings ({run['attention']}, {difference})")
+
+
+def _joined(earlier, new):
+    """A provenance field (command, git revision) of a file whose records come from several suites: the one value,
+    or the list of the distinct ones, the earlier first."""
+    values = list(earlier) if isinstance(earlier, list) else [earlier] if earlier is not None else []
+    values = list(dict.fromkeys(values + [new]))
+    return values[0] if len(values) == 1 else values
+
+
+class _SuiteFile:
+    """One task's file during a suite: the earlier records it keeps and the new ones, the jobs planned for it (the
+    earlier suite's and this one's) and the sweep lists of both."""
+
+    def __init__(self, task: str, path: Path, earlier: Mapping | None, jobs: Sequence[tuple], fields: Mapping,
+                 preset: str, command: str | None):
+        self.task, self.path, self.earlier, self.preset = task, path, earlier, preset
+        self.records = records.records(task, earlier or {})
+        planned = (earlier or {}).get("planned") or [records.job_of(task, r) for r in self.records]
+        self.planned = records.sorted_jobs(planned + [_planned(j) for j in jobs])
+        self.fields = dict(fields)
+        for name in ("lengths", "n_back"):
+            if earlier is not None and name in self.fields:
+                self.fields[name] = sorted(set(self.fields[name]) | set(earlier.get(name) or []))
+        self.command = _joined((earlier or {}).get("command"), command) if earlier is not None else command
+        self.pending, self.added = 0, 0
+
+    def by_job(self) -> dict[tuple, dict]:
+        return {records.job_key(records.job_of(self.task, r)): r for r in self.records}
+
+    def add(self, rec: dict) -> dict:
+        """Add a finished job's record (an A5 chain joins the chain of its length) and write the file."""
+        if self.task == "a5":  # depths trained as separate jobs join their chain
+            same = [c for c in self.records if (c["attention"], c["length"]) == (rec["attention"], rec["length"])]
+            self.records = [c for c in self.records if c not in same]
+            rec = merge_chains(same + [rec])
+        self.records.append(rec)
+        self.pending, self.added = self.pending - 1, self.added + 1
+        self.write()
+        return rec
+
+    def write(self) -> None:
+        doc = _aggregate(self.task, self.preset, self.command, self.records, self.planned, pending=self.pending,
+                         **self.fields)
+        if self.earlier is not None:  # the revision of the kept records stays on record
+            from pathlab.results import git_revision
+
+            revision = self.earlier.get("git_revision")
+            doc["git_revision"] = _joined(revision, git_revision()) if self.added else revision
+        write_json(self.path, doc)
 
 
 def _check_names(attentions: Sequence[str], tasks: Sequence[str]) -> None:
@@ -182,7 +316,29 @@ def _check_jobs(jobs: Sequence[tuple], preset: str, overrides: Mapping[str, Mapp
 
 def _describe(job: tuple) -> str:
     task, attention, extra = job
-    return " ".join([task, attention] + [f"{key}={value}" for key, value in extra.items()])
+    return " ".join([task, attention] + [f"{key}={value}" for key, value in extra.items() if key != "done"])
+
+
+def _planned(job: tuple) -> dict:
+    """The job of ``pathlab.tasks.records`` that a unit of work answers (depths of one A5 chain answer one)."""
+    task, attention, extra = job
+    return {"attention": attention, **{key: extra[key] for key in ("n_back", "length") if key in extra}}
+
+
+def _resume(job: tuple, earlier: Mapping[tuple, dict], parallel_depths: bool) -> tuple | None:
+    """The job still to run given the earlier records by job key: None when one holds its result, the job itself
+    otherwise; a sequential A5 chain takes the depths it has (``a5_chain``'s ``done``)."""
+    task, attention, extra = job
+    record = earlier.get(records.job_key(_planned(job)))
+    if record is None:
+        return job
+    if task != "a5":
+        return None
+    if parallel_depths:
+        return None if extra["layers"][0] in record["layers_tried"] else job
+    if records.chain_complete(record, extra["layers"]):
+        return None
+    return task, attention, {**extra, "done": record["runs"]}
 
 
 def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
@@ -235,24 +391,33 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     order = {"flipflop": 0, "a5": 1, "mqrar": 2}
     jobs.sort(key=lambda j: order[j[0]])
 
-    out_dir = Path(out_dir)
-    results: dict[str, list] = {t: [] for t in tasks}
-    paths = {t: Path((paths or {}).get(t) or out_dir / ("a5_sweep.json" if t == "a5" else f"{t}.json"))
+    paths = {t: Path((paths or {}).get(t) or Path(out_dir) / records.FILES[t]) for t in tasks}
+    for t in tasks:
+        check_output_file(paths[t], f"out_dir: the {t} file")
+    earlier = {t: _earlier_file(t, paths[t]) for t in tasks}
+    for t in tasks:
+        if earlier[t] is not None:
+            _check_earlier(t, paths[t], earlier[t], preset, overrides[t], fields[t])
+    # the earlier records are kept and the jobs they answer skipped
+    files = {t: _SuiteFile(t, paths[t], earlier[t], [j for j in jobs if j[0] == t], fields[t], preset, command)
              for t in tasks}
+    todo = [j for j in (_resume(job, files[job[0]].by_job(), parallel_depths) for job in jobs) if j is not None]
+    for t, file in files.items():
+        file.pending = sum(j[0] == t for j in todo)
+        if earlier[t] is None or file.pending:  # the plan is on disk before the first job ends
+            file.write()
+        if file.records:
+            log(f"{file.path}: kept {len(file.records)} earlier records; {file.pending} of "
+                f"{sum(j[0] == t for j in jobs)} jobs to run")
+    jobs = todo
     t0 = time.perf_counter()
 
     def finish(job, rec):
-        task = job[0]
-        if task == "a5":  # depths trained as separate jobs join their chain
-            same = [c for c in results[task] if (c["attention"], c["length"]) == (rec["attention"], rec["length"])]
-            results[task] = [c for c in results[task] if c not in same]
-            rec = merge_chains(same + [rec])
-        results[task].append(rec)
-        write_json(paths[task], _aggregate(task, preset, command, results[task], **fields[task]))
-        if task == "a5":
+        rec = files[job[0]].add(rec)
+        if job[0] == "a5":
             desc = f"A5 k={rec['length']}: min layers {rec['min_layers']} (tried {rec['layers_tried']})"
         else:
-            desc = f"{task} {job[2] or ''}: {_short(rec['summary'])} ({rec['steps']} steps, {rec['stopped']})"
+            desc = f"{job[0]} {job[2] or ''}: {_short(rec['summary'])} ({rec['steps']} steps, {rec['stopped']})"
         log(f"[{time.perf_counter() - t0:7.1f}s] {job[1]:>9} {desc}")
 
     failed: list[tuple[tuple, str]] = []
@@ -285,10 +450,9 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     if failed:
         listed = "; ".join(f"{_describe(job)} ({text.splitlines()[0] if text else 'no message'})"
                            for job, text in failed)
-        written = [str(p) for p in paths.values() if p.is_file()]
-        raise SuiteFailed(f"{len(failed)} of {len(jobs)} jobs failed: {listed}. "
-                          + (f"The others finished and are in {', '.join(written)}" if written else
-                             "No job finished."))
+        where = ", ".join(str(paths[t]) for t in tasks)
+        raise SuiteFailed(f"{len(failed)} of {len(jobs)} jobs failed: {listed}. The others finished and are in "
+                          f"{where}; the same command again runs only the jobs left")
     return paths
 
 
