@@ -22,6 +22,7 @@ def _suite(tmp_path, ff_errors, mq_acc, a5_min, layers=(1, 2, 3)):
             for a, t in mq_acc.items() for n, acc in t.items()]
     (tmp_path / "mqrar.json").write_text(json.dumps({"task": "mqrar", "runs": runs}))
     chains = [{"attention": a, "length": k, "min_layers": m,
+               "layers_tried": [d for d in layers if m is None or d <= m],
                "runs": [{"settings": {"n_layer": 1}, "summary": {"sequence_accuracy": 0.5}}]}
               for a, t in a5_min.items() for k, m in t.items()]
     (tmp_path / "a5_sweep.json").write_text(json.dumps({"chains": chains, "layers": list(layers), "solved_at": 0.9}))
@@ -138,6 +139,65 @@ def test_state_tracking_notebook_fast(tmp_path, monkeypatch):
     assert record["data"]["source"].startswith("trained now with the tiny-cpu task preset")
     assert {r["attention"] for r in record["data"]["flipflop"]} == {"rope", "fox", "path", "path_fox"}
     assert set(record["data"]["a5_min_layers"]) == {"rope", "fox", "path", "path_fox"}
-    # the model-based claims are present as booleans; tiny models need not satisfy them
-    assert record["claims"] and all(isinstance(v, bool) for v in record["claims"].values())
+    # every claim is there: those the tiny-cpu runs decide as booleans (tiny models need not satisfy them), the
+    # MQRAR-N ones undecided (its sweep stops at N = 2)
+    assert list(record["claims"]) == list(report.CLAIMS)
+    assert all(isinstance(v, bool) if not k.startswith("mqrar") else v is None for k, v in record["claims"].items())
+    assert record["data"]["complete"] == {"flipflop": True, "mqrar": True, "a5": True}
     assert (tmp_path / "fig" / "state_tracking.pdf").exists()
+
+
+def _edit(path, **fields):
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, **fields}))
+
+
+def test_a_folder_mixing_presets_is_refused(tmp_path):
+    """A tiny-cpu MQRAR-N file copied among the h200 results would be compared as if it were theirs."""
+    import shutil
+
+    folder = tmp_path / "h200"
+    shutil.copytree(ROOT / "results" / "tasks" / "h200", folder)
+    _suite(tmp_path, {}, {"rope": {1: 0.5}}, {})
+    _edit(tmp_path / "mqrar.json", preset="tiny-cpu")
+    shutil.copy(tmp_path / "mqrar.json", folder / "mqrar.json")
+    for read in (report.load_suite, report.state_tracking_data, lambda f: report.find_results(f.parent)):
+        with pytest.raises(ValueError, match=r"h200 mixes the results of several presets .*mqrar\.json: 'tiny-cpu'"):
+            read(folder)
+
+
+def test_an_unfinished_suite_leaves_the_claims_that_need_it_undecided(tmp_path):
+    folder = _suite(tmp_path, {"path": (0.0, 0.0, 0.0), "rope": (0.07, 0.4, 0.0)},
+                    {"path": {2: 0.9}, "rope": {2: 0.5, 3: 0.3}, "fox": {2: 0.6, 3: 0.2}},
+                    {"path": {4: 1, 8: 2}, "rope": {4: 2, 8: None}})
+    doc = json.loads((folder / "a5_sweep.json").read_text())
+    doc["chains"][-1]["layers_tried"] = [1]  # RoPE at k = 8: depths 2 and 3 did not finish
+    (folder / "a5_sweep.json").write_text(json.dumps(doc))
+    as_written = report.state_tracking_claims(report.state_tracking_data(folder))
+    assert as_written["a5_path_needs_fewer_layers_than_rope_at_some_length"] is True
+    plan = [{"attention": a, "n_back": n} for a in ("fox", "path", "rope") for n in (2, 3)]
+    _edit(folder / "mqrar.json", planned=plan, complete=False)  # PaTH at N = 3 did not finish
+    _edit(folder / "a5_sweep.json", planned=[{"attention": a, "length": k} for a in ("path", "rope") for k in (4, 8)],
+          complete=False)  # nor RoPE's chain at k = 8
+    _edit(folder / "flipflop.json", planned=[{"attention": "path"}, {"attention": "rope"}], complete=True)
+    data = report.state_tracking_data(folder)
+    assert data["complete"] == {"flipflop": True, "mqrar": False, "a5": False}
+    assert data["missing"] == {"mqrar": [{"attention": "path", "n_back": 3}],
+                               "a5": [{"attention": "rope", "length": 8}]}
+    claims = report.state_tracking_claims(data)
+    assert list(claims) == list(report.CLAIMS)  # every claim is there, those without their runs undecided
+    assert claims["flipflop_path_sparse_error_at_most_0.1pct"] is True
+    assert all(claims[c] is None for c in report.CLAIMS[3:])
+    digest = report.summary_markdown(folder)
+    assert "- `mqrar.json`: PaTH N=3" in digest and "- `a5_sweep.json`: RoPE k=8" in digest
+    assert "`a5_path_needs_fewer_layers_than_rope_at_some_length`: undecided" in digest
+
+
+def test_committed_results_load_as_complete_and_keep_their_claims():
+    """The committed files predate the plan and completeness fields: complete as written, their claims as the
+    committed figure recorded them."""
+    data = report.state_tracking_data(ROOT / "results" / "tasks" / "h200")
+    assert data["complete"] == {"flipflop": True, "mqrar": True, "a5": True} and data["missing"] == {}
+    figure = json.loads((ROOT / "figures" / "state_tracking.json").read_text())
+    assert report.state_tracking_claims(data) == figure["claims"]
+    assert report.find_results(ROOT / "results" / "tasks") == ROOT / "results" / "tasks" / "h200"

@@ -3,7 +3,9 @@
 The suite (:func:`pathlab.tasks.suite.run_suite`) writes ``flipflop.json``, ``mqrar.json`` and ``a5_sweep.json``
 into one folder; committed results live in ``results/tasks/<preset>/`` (``h200``: the paper-sized models on one
 H200; ``cpu``: the CPU-sized settings). :func:`state_tracking_data` turns such a folder into the plotted numbers
-and :func:`state_tracking_claims` checks the issue's targets against them.
+and :func:`state_tracking_claims` checks the issue's targets against them. A folder holds one preset's results
+(files that disagree are refused), and the runs a suite planned but did not finish are reported (``missing``):
+a claim that needs one is undecided, never decided on the runs that happen to be there.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-FILES = {"flipflop": "flipflop.json", "mqrar": "mqrar.json", "a5": "a5_sweep.json"}
+from pathlab.tasks import records
+
+FILES = records.FILES
 
 # PaTH Table 1 (1 layer, 2 heads, width 64): read error in percent, (in distribution, sparse, dense)
 PAPER_FLIPFLOP_PERCENT = {
@@ -48,17 +52,19 @@ def _sorted_attentions(names) -> list[str]:
 
 
 def find_results(root: str | Path, prefer=("h200", "cpu")) -> Path | None:
-    """The first folder ``root/<p>`` (p in ``prefer``) that holds all three suite files, or None."""
+    """The first folder ``root/<p>`` (p in ``prefer``) that holds all three suite files, or None. Its files are
+    loaded (:func:`load_suite`): one that cannot be read, or files of different presets, are refused."""
     for name in prefer:
         folder = Path(root) / name
         if all((folder / f).is_file() for f in FILES.values()):
+            load_suite(folder)
             return folder
     return None
 
 
 def load_suite(folder: str | Path) -> dict[str, dict]:
     """{"flipflop": ..., "mqrar": ..., "a5": ...} from a suite folder (missing files are left out); an unreadable
-    file is refused with its path, never skipped."""
+    file is refused with its path, never skipped, and so are files of different presets."""
     out = {}
     for task, name in FILES.items():
         path = Path(folder) / name
@@ -69,7 +75,37 @@ def load_suite(folder: str | Path) -> dict[str, dict]:
             except (OSError, ValueError) as err:
                 raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}); restore it from git or run "
                                  f"the task suite again") from err
+    _check_presets(folder, out)
     return out
+
+
+def _check_presets(folder: str | Path, suite: Mapping[str, Mapping]) -> None:
+    """The files of a folder (and every run in them) come from one preset: a file copied in from another would
+    be compared and plotted as if it were this suite's."""
+    found = {FILES[task]: {doc.get("preset")} | {run.get("preset") for r in records.records(task, doc)
+                                                 for run in records.runs_of(task, r)}
+             for task, doc in suite.items()}
+    if len(set().union(*found.values())) > 1:
+        detail = "; ".join(f"{name}: {', '.join(sorted(map(repr, presets)))}" for name, presets in found.items())
+        raise ValueError(f"{folder} mixes the results of several presets ({detail}); a folder holds one suite: move "
+                         f"the odd file to a folder of its own, or run its task's suite again with the folder's "
+                         f"preset")
+
+
+def suite_status(suite: Mapping[str, Mapping]) -> tuple[dict[str, bool], dict[str, list[dict]]]:
+    """({task: complete}, {task: planned jobs without a finished record}) of a loaded suite folder. A file without
+    the suite's plan (written before it was recorded) is complete as written; an absent file is not complete."""
+    complete = {task: task in suite and bool(suite[task].get("complete", True)) for task in FILES}
+    missing = {task: records.missing_jobs(task, doc) for task, doc in suite.items()}
+    for task, jobs in missing.items():
+        complete[task] = complete[task] and not jobs
+    return complete, {task: jobs for task, jobs in missing.items() if jobs}
+
+
+def describe_job(task: str, job: Mapping) -> str:
+    """A job in the words of the tables: "PaTH N=3", "RoPE k=8", "FoX"."""
+    extra = f" N={job['n_back']}" if "n_back" in job else f" k={job['length']}" if "length" in job else ""
+    return _label(job["attention"]) + extra
 
 
 def obtain_results(profile: str, fast: bool, *, root: str | Path = ".", retrain: bool = False,
@@ -177,6 +213,7 @@ def state_tracking_data(folder: str | Path) -> dict:
     """The numbers the notebook plots, from one suite folder."""
     suite = load_suite(folder)
     data: dict = {"source": str(folder)}
+    data["complete"], data["missing"] = suite_status(suite)
     if "flipflop" in suite:
         data["flipflop"] = flipflop_table(suite["flipflop"])
         data["flipflop_command"] = suite["flipflop"].get("command")
@@ -217,10 +254,17 @@ def a5_depth_label(min_layers: int | None, tried) -> str:
 # ------------------------------------------------------------------------------------------------- claims
 
 
+CLAIMS = ("flipflop_path_in_dist_error_at_most_0.1pct", "flipflop_path_sparse_error_at_most_0.1pct",
+          "flipflop_rope_sparse_error_clearly_above_path",
+          "mqrar_path_recalls_beyond_the_key_blind_guess_for_n_2_and_3", "mqrar_path_above_rope_and_fox_for_n_2_and_3",
+          "a5_path_needs_no_more_layers_than_rope", "a5_path_needs_fewer_layers_than_rope_at_some_length")
+
+
 def state_tracking_claims(data: Mapping) -> dict[str, bool | None]:
-    """The issue's targets, each True/False on these numbers, None when undecided (absent when the needed runs
-    are missing)."""
-    claims: dict[str, bool | None] = {}
+    """The issue's targets (``CLAIMS``, every one of them), each True/False on these numbers; None when undecided
+    or when a run it needs is missing: not run, or planned and not finished (``data["missing"]``)."""
+    claims: dict[str, bool | None] = dict.fromkeys(CLAIMS)
+    missing = {task: {job["attention"] for job in jobs} for task, jobs in data.get("missing", {}).items()}
     ff = {r["attention"]: r for r in data.get("flipflop", [])}
     if "path" in ff:
         claims["flipflop_path_in_dist_error_at_most_0.1pct"] = ff["path"]["in_dist_percent"] <= 0.1
@@ -230,32 +274,29 @@ def state_tracking_claims(data: Mapping) -> dict[str, bool | None]:
             claims["flipflop_rope_sparse_error_clearly_above_path"] = r >= p + 1.0 and r >= 10 * p
     mq = {a: {int(n): v for n, v in t.items()} for a, t in data.get("mqrar_accuracy", {}).items()}
     blind = {int(n): b["key_blind"] for n, b in data.get("mqrar_baselines", {}).items()}
-    if "path" in mq and all(n in mq["path"] and n in blind for n in (2, 3)):
+    if all(n in mq.get("path", {}) and n in blind for n in (2, 3)):
         learned = all(mq["path"][n] > blind[n] for n in (2, 3))
         claims["mqrar_path_recalls_beyond_the_key_blind_guess_for_n_2_and_3"] = learned
-        if all(a in mq for a in ("rope", "fox")):
-            # the paper's comparison means something only once PaTH recalls at all: between models that all sit
-            # at the blind guess, which is ahead is noise, and the claim stays undecided
+        # the paper's comparison means something only once PaTH recalls at all: between models that all sit at
+        # the blind guess, which is ahead is noise, and the claim stays undecided
+        if learned and all(n in mq.get(a, {}) for a in ("rope", "fox") for n in (2, 3)):
             claims["mqrar_path_above_rope_and_fox_for_n_2_and_3"] = all(
-                mq["path"][n] > mq[a].get(n, 1.0) for n in (2, 3) for a in ("rope", "fox")) if learned else None
+                mq["path"][n] > mq[a][n] for n in (2, 3) for a in ("rope", "fox"))
     a5 = {a: {int(k): v for k, v in t.items()} for a, t in data.get("a5_min_layers", {}).items()}
-    if "path" in a5 and "rope" in a5:
+    common = sorted(set(a5.get("path", {})) & set(a5.get("rope", {})))
+    # a chain that did not finish can read a depth too deep: no claim on an unfinished suite's PaTH or RoPE
+    if common and not missing.get("a5", set()) & {"path", "rope"}:
         tried = data.get("a5_layers_tried") or [1]
-        common = sorted(set(a5["path"]) & set(a5["rope"]))
         path = [a5_depth_bounds(a5["path"][k], tried) for k in common]
         rope = [a5_depth_bounds(a5["rope"][k], tried) for k in common]
         pairs = list(zip(path, rope))
         # (lo, hi) bounds on each minimum depth: a claim is decided only where the bounds decide it
-        if not common:
-            claims["a5_path_needs_no_more_layers_than_rope"] = False
-            claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] = False
-        else:
-            claims["a5_path_needs_no_more_layers_than_rope"] = (
-                True if all(p[1] <= r[0] for p, r in pairs) else
-                False if any(p[0] > r[1] for p, r in pairs) else None)
-            claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] = (
-                True if any(p[1] < r[0] for p, r in pairs) else
-                False if all(p[0] >= r[1] for p, r in pairs) else None)
+        claims["a5_path_needs_no_more_layers_than_rope"] = (
+            True if all(p[1] <= r[0] for p, r in pairs) else
+            False if any(p[0] > r[1] for p, r in pairs) else None)
+        claims["a5_path_needs_fewer_layers_than_rope_at_some_length"] = (
+            True if any(p[1] < r[0] for p, r in pairs) else
+            False if all(p[0] >= r[1] for p, r in pairs) else None)
     return claims
 
 
@@ -371,8 +412,27 @@ def summary_markdown(folder: str | Path) -> str:
             parts.append(f"| *{label}* | " + " | ".join(
                 f"{100 * baselines[n][name]:.1f}%" if n in baselines else "—" for n in ns) + " |")
         parts.append("")
+    parts += _unfinished_markdown(data)
     claims = state_tracking_claims(data)
-    if claims:
-        verdict = {True: "held", False: "NOT held", None: "undecided"}
-        parts += ["**Claims**", ""] + [f"- `{k}`: {verdict[v]}" for k, v in claims.items()]
+    verdict = {True: "held", False: "NOT held", None: "undecided"}
+    parts += ["**Claims**", ""] + [f"- `{k}`: {verdict[v]}" for k, v in claims.items()]
     return "\n".join(parts) + "\n"
+
+
+def _unfinished_markdown(data: Mapping) -> list[str]:
+    """The digest's lines on what the folder lacks: absent files, planned runs without a result, a suite that did
+    not finish every job (none when the folder is complete)."""
+    lines = []
+    for task, name in FILES.items():
+        if data.get("complete", {}).get(task, True):
+            continue
+        jobs = data.get("missing", {}).get(task, [])
+        if {"flipflop": "flipflop", "mqrar": "mqrar_accuracy", "a5": "a5_min_layers"}[task] not in data:
+            lines.append(f"- `{name}`: not in the folder")
+        elif jobs:
+            lines.append(f"- `{name}`: " + ", ".join(describe_job(task, job) for job in jobs))
+        else:
+            lines.append(f"- `{name}`: every planned result is in, but the suite did not finish all its jobs")
+    if not lines:
+        return []
+    return ["**Missing results** (the claims that need them are undecided)", ""] + lines + [""]
