@@ -426,3 +426,20 @@ def test_committed_results_resume_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "mqrar.json").read_bytes() == (committed / "mqrar.json").read_bytes()
     with pytest.raises(ValueError, match="other settings .*compile: absent there, 'none' in this suite"):
         run_suite(preset="cpu", tasks=["flipflop"], attentions=["rope"], out_dir=tmp_path, log=lambda *_: None)
+
+
+def test_a_suite_refuses_a_folder_another_suite_writes(tmp_path, monkeypatch):
+    """Two suites resuming into one folder would each rewrite its files without the other's records."""
+    from pathlab.atomic import DirectoryLock
+    from pathlab.tasks import suite
+
+    monkeypatch.setattr(suite, "run_task", lambda *a, **k: pytest.fail("trained while another suite writes"))
+    (tmp_path / ".flipflop.json.abc.tmp").write_text("{")  # left by a killed write
+    with DirectoryLock(tmp_path):
+        with pytest.raises(ValueError, match=f"another suite writes there: {tmp_path} is in use"):
+            run_suite(preset="tiny-cpu", tasks=["flipflop"], attentions=["nope"], out_dir=tmp_path,
+                      log=lambda *_: None)
+    monkeypatch.undo()
+    run_suite(preset="tiny-cpu", tasks=["flipflop"], attentions=["nope"], out_dir=tmp_path, log=lambda *_: None,
+              overrides={"flipflop": {"steps": 2}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "flipflop.json"]

@@ -16,6 +16,7 @@ for it and whether all of them finished (``pathlab.tasks.records``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -394,23 +395,51 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     paths = {t: Path((paths or {}).get(t) or Path(out_dir) / records.FILES[t]) for t in tasks}
     for t in tasks:
         check_output_file(paths[t], f"out_dir: the {t} file")
-    earlier = {t: _earlier_file(t, paths[t]) for t in tasks}
-    for t in tasks:
-        if earlier[t] is not None:
-            _check_earlier(t, paths[t], earlier[t], preset, overrides[t], fields[t])
-    # the earlier records are kept and the jobs they answer skipped
-    files = {t: _SuiteFile(t, paths[t], earlier[t], [j for j in jobs if j[0] == t], fields[t], preset, command)
-             for t in tasks}
-    todo = [j for j in (_resume(job, files[job[0]].by_job(), parallel_depths) for job in jobs) if j is not None]
-    for t, file in files.items():
-        file.pending = sum(j[0] == t for j in todo)
-        if earlier[t] is None or file.pending:  # the plan is on disk before the first job ends
-            file.write()
-        if file.records:
-            log(f"{file.path}: kept {len(file.records)} earlier records; {file.pending} of "
-                f"{sum(j[0] == t for j in jobs)} jobs to run")
-    jobs = todo
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({p.parent for p in paths.values()}):
+            stack.enter_context(_locked(folder, [p.name for p in paths.values() if p.parent == folder]))
+        earlier = {t: _earlier_file(t, paths[t]) for t in tasks}
+        for t in tasks:
+            if earlier[t] is not None:
+                _check_earlier(t, paths[t], earlier[t], preset, overrides[t], fields[t])
+        # the earlier records are kept and the jobs they answer skipped
+        files = {t: _SuiteFile(t, paths[t], earlier[t], [j for j in jobs if j[0] == t], fields[t], preset, command)
+                 for t in tasks}
+        todo = [j for j in (_resume(job, files[job[0]].by_job(), parallel_depths) for job in jobs) if j is not None]
+        for t, file in files.items():
+            file.pending = sum(j[0] == t for j in todo)
+            if earlier[t] is None or file.pending:  # the plan is on disk before the first job ends
+                file.write()
+            if file.records:
+                log(f"{file.path}: kept {len(file.records)} earlier records; {file.pending} of "
+                    f"{sum(j[0] == t for j in jobs)} jobs to run")
+        _execute(todo, files, preset, overrides, workers, log)
+    return paths
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, names: Sequence[str]):
+    """Hold ``folder``'s lock while a suite writes its files there: two suites resuming into one folder would each
+    rewrite the files without the other's records. Temporary files of writes a kill cut short are cleared."""
+    from pathlab.atomic import DirectoryLock, DirectoryLocked, remove_stale_temporaries
+
+    try:
+        lock = DirectoryLock(folder).acquire()
+    except DirectoryLocked as err:
+        raise ValueError(f"out_dir: another suite writes there: {err}") from None
+    try:
+        remove_stale_temporaries(folder, names)
+        yield
+    finally:
+        lock.release()
+
+
+def _execute(jobs: Sequence[tuple], files: Mapping[str, _SuiteFile], preset: str,
+             overrides: Mapping[str, Mapping[str, Any]], workers: int, log) -> None:
+    """Run the jobs (in ``workers`` processes when more than one), each record added to its file as it comes; a
+    failed job is logged and the others still run, then :class:`SuiteFailed` names the failed ones."""
     t0 = time.perf_counter()
+    failed: list[tuple[tuple, str]] = []
 
     def finish(job, rec):
         rec = files[job[0]].add(rec)
@@ -420,9 +449,7 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
             desc = f"{job[0]} {job[2] or ''}: {_short(rec['summary'])} ({rec['steps']} steps, {rec['stopped']})"
         log(f"[{time.perf_counter() - t0:7.1f}s] {job[1]:>9} {desc}")
 
-    failed: list[tuple[tuple, str]] = []
-
-    def fail(job, err):  # one failed job is reported; the others still run
+    def fail(job, err):
         failed.append((job, str(err)))
         log(f"FAILED {_describe(job)}: {err}")
 
@@ -440,20 +467,18 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
             threads = _worker_threads(workers)
             futures = {pool.submit(_job, j[0], j[1], preset, overrides[j[0]], j[2], threads): j for j in jobs}
             for fut in cf.as_completed(futures):
-                job = futures[fut]
                 try:
                     rec = fut.result()
                 except Exception as err:
-                    fail(job, err)
+                    fail(futures[fut], err)
                     continue
-                finish(job, rec)
+                finish(futures[fut], rec)
     if failed:
         listed = "; ".join(f"{_describe(job)} ({text.splitlines()[0] if text else 'no message'})"
                            for job, text in failed)
-        where = ", ".join(str(paths[t]) for t in tasks)
+        where = ", ".join(str(file.path) for file in files.values())
         raise SuiteFailed(f"{len(failed)} of {len(jobs)} jobs failed: {listed}. The others finished and are in "
                           f"{where}; the same command again runs only the jobs left")
-    return paths
 
 
 def _short(summary: Mapping) -> str:
