@@ -114,6 +114,8 @@ def test_cli_run_refuses_a_directory_as_out_before_training(tmp_path, capsys, mo
     assert "which is a file" in capsys.readouterr().err
     with pytest.raises(ValueError, match="out .* is a directory"):
         run_task("a5", "rope", preset="tiny-cpu", out=tmp_path, progress=False)
+    assert main(["tasks", "sweep-a5", "--preset", "tiny-cpu", "--attentions", "rope", "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
 
 
 def test_learning_rate_schedule():
@@ -382,6 +384,15 @@ def test_an_interrupted_suite_resumes_and_keeps_what_finished(tmp_path, monkeypa
     with pytest.raises(ValueError, match="results of preset 'tiny-cpu', not 'cpu'.*delete or move the file"):
         run_suite(**{**quiet, "preset": "cpu"}, attentions=["rope"])
     assert path.read_bytes() == before and trained == [("nope", None), ("fox", None)]
+
+    _counting_runs(monkeypatch, stop_after=0)  # stopped before its first job ended: only the plan, nothing to keep
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(attentions=["rope"], overrides={"flipflop": {"steps": 3}}, **{**quiet, "out_dir": tmp_path / "b"})
+    assert json.loads((tmp_path / "b" / "flipflop.json").read_text())["runs"] == []
+    _counting_runs(monkeypatch, stop_after=0)
+    with pytest.raises(KeyboardInterrupt):  # another suite may start there
+        run_suite(attentions=["nope"], **{**quiet, "out_dir": tmp_path / "b"})
+    assert json.loads((tmp_path / "b" / "flipflop.json").read_text())["planned"] == [{"attention": "nope"}]
 
 
 def test_a5_depths_resume_in_their_chain(tmp_path, monkeypatch):

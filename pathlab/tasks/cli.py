@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {out}")
             return 0
         if args.action == "sweep-a5":
+            from pathlab.tasks.runner import check_output_file
             from pathlab.tasks.suite import sweep_a5
 
-            out = args.out or Path("runs") / "tasks" / args.preset / "a5_sweep.json"
+            out = check_output_file(args.out or Path("runs") / "tasks" / args.preset / "a5_sweep.json", "--out")
             sweep_a5(preset=args.preset, attentions=args.attentions, lengths=args.lengths, layers=args.layers,
                      out=out, workers=args.workers, overrides=parse_overrides(args.overrides), command=_command(),
                      log=_log)

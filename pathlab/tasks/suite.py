@@ -137,8 +137,9 @@ def _aggregate(task: str, preset, command, results: list[dict], planned: list[di
 
 
 def _earlier_file(task: str, path: Path) -> dict | None:
-    """The suite file an earlier run left at ``path`` (None where there is none). One that cannot be read or is
-    not this task's is refused, never overwritten."""
+    """The suite file an earlier run left at ``path`` (None where there is none, or where it holds no record: a
+    suite stopped before its first job ended). One that cannot be read or is not this task's is refused, never
+    overwritten."""
     if not path.exists():
         return None
     way_out = "move it away, or write elsewhere (--out-dir; --out of sweep-a5)"
@@ -151,7 +152,7 @@ def _earlier_file(task: str, path: Path) -> dict | None:
     if not isinstance(doc, dict) or doc.get("task") != records.FILE_TASK[task] or not isinstance(doc.get(key), list):
         raise ValueError(f"{path} is not a suite file of {task} (no task {records.FILE_TASK[task]!r} with a list "
                          f"of {key}); {way_out}")
-    return doc
+    return doc if doc[key] else None
 
 
 def _settings_difference(task: str, run: Mapping, preset: str, overrides: Mapping[str, Any]) -> str | None:
@@ -358,7 +359,9 @@ def run_suite(*, preset: str, attentions: Sequence[str] = DEFAULT_ATTENTIONS,
     YAML, updated by ``sweeps[task]``. ``paths`` overrides the output file of a task. Returns the paths by task.
 
     Names, sweep lists and the settings of every job are checked before the first job starts (``ValueError``).
-    A job that fails does not stop the others; once they are done, :class:`SuiteFailed` names the failed jobs.
+    A file that a task's path already holds is resumed: its records are kept and the jobs they answer skipped;
+    records of another preset or other settings are refused (``ValueError`` naming the file). A job that fails
+    does not stop the others; once they are done, :class:`SuiteFailed` names the failed jobs.
     """
     _check_names(attentions, tasks)
     if workers < 1:
