@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from pathlab.results import atomic_write_text, library_versions
-from pathlab.tasks.runner import build_task_model, compile_for_training, resolve_device, task_optimizer, train_step
+from pathlab.tasks.runner import build_task_model, compile_for_training, task_optimizer, train_step
 from pathlab.tasks.settings import parse_overrides, resolve_settings
 from pathlab.tasks.specs import get_task
+from pathlab.training.distributed import resolve_device
 
 # name: (task, preset, overrides); the shapes of the committed A5 and MQRAR-N runs
 CASES = {
@@ -42,7 +43,7 @@ def time_steps(case: str, attention: str, precision: str, compile_mode: str, ste
     task, preset, overrides = CASES[case]
     s = resolve_settings(task, preset=preset,
                          overrides={**overrides, "precision": precision, "compile": compile_mode})
-    device = resolve_device(s["device"])
+    device = resolve_device(s["device"], what="device")
     torch.manual_seed(0)
     torch._dynamo.reset()
     if precision == "tf32":

@@ -346,7 +346,7 @@ def plot_state_tracking(data: Mapping):
     ax.set_xlabel("sequence length k")
     ax.set_ylabel(f"min layers (seq. acc. > {data.get('a5_solved_at', 0.9):.0%})")
     ax.set_title("A5 word problem")
-    ax.legend()
+    _legend(ax)
 
     ax = axes[2]
     for att, by_len in data.get("a5_accuracy", {}).items():
@@ -360,7 +360,7 @@ def plot_state_tracking(data: Mapping):
     ax.set_ylabel("best sequence accuracy over depths (%)")
     ax.set_ylim(0, 101)
     ax.set_title("A5: accuracy reached")
-    ax.legend()
+    _legend(ax)
 
     ax = axes[3]
     for att, by_n in data.get("mqrar_accuracy", {}).items():
@@ -378,8 +378,17 @@ def plot_state_tracking(data: Mapping):
     ax.set_ylim(0.3, 101)
     ax.set_xticks([1, 2, 3, 4])
     ax.set_title("MQRAR-N")
-    ax.legend()
+    _legend(ax)
     return fig
+
+
+def _legend(ax) -> None:
+    """The panel's legend, or a note in the panel when the folder holds none of its results."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no results in this folder", transform=ax.transAxes, ha="center", va="center",
+                color="grey")
 
 
 def summary_markdown(folder: str | Path) -> str:

@@ -21,19 +21,12 @@ from typing import Any, Mapping
 
 import torch
 
-from pathlab.training.optimization import adamw, autocast, warmup_cosine
 from pathlab.tasks.settings import resolve_settings
 from pathlab.tasks.specs import batch_counts, get_task, split_metrics
+from pathlab.training.distributed import resolve_device
+from pathlab.training.optimization import adamw, autocast, warmup_cosine
 
 DATA_CHUNK = 8  # training batches generated per call of the (vectorised) generators
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device=cpu or auto")
-    return torch.device(name)
 
 
 def build_task_model(task_name: str, attention: str, s: Mapping[str, Any]):
@@ -132,7 +125,7 @@ def run_task(task: str, attention: str, *, preset: str | None = None, overrides:
     s = resolve_settings(task, preset=preset, overrides=overrides)
     if out is not None:
         check_output_file(out, "out")
-    device = resolve_device(s["device"])
+    device = resolve_device(s["device"], what="device")
     if s["precision"] == "tf32":
         torch.set_float32_matmul_precision("high")  # process-wide: fp32 matmuls on TF32 tensor cores
     torch.manual_seed(s["seed"])
