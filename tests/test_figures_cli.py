@@ -20,10 +20,10 @@ def _args(**kw):
     return ns
 
 
-def _notebook(path, body, outputs=()):
+def _notebook(path, body, outputs=(), study_figures=()):
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["pathlab"] = {"study_figures": [], "writes": list(outputs)}
+    nb.metadata["pathlab"] = {"study_figures": list(study_figures), "writes": list(outputs)}
     params = new_code_cell('profile = "tiny-cpu"\nfast = False\nout_dir = None')
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, new_code_cell(body)]
@@ -82,6 +82,27 @@ def test_no_figure_folder_appears_when_every_notebook_fails(tmp_path):
     out = tmp_path / "figures" / "new-profile"
     assert figures.run(_args(notebooks=str(nbdir), out_dir=str(out), build_dir=str(tmp_path / "b"), fast=True)) == 1
     assert not out.exists()
+
+
+@pytest.mark.notebooks
+def test_a_gpu_studys_figures_use_its_committed_cells(tmp_path, capsys):
+    """A notebook that reads a study's cells, for a study trained on a GPU: nothing is trained here, the figure
+    runs on the committed results and the cells not yet run are named."""
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    _notebook(nbdir / "reads.ipynb", WRITE + "results.save_figure(fig, 'reads', out_dir)\n"
+              "results.write_results('reads', data={}, claims={}, checks={}, out_dir=out_dir)", outputs=["reads"],
+              study_figures=["ablations"])
+    out = tmp_path / "fig"
+    assert figures.run(_args(notebooks=str(nbdir), out_dir=str(out), build_dir=str(tmp_path / "b"),
+                             profile="owt16-debian")) == 0
+    assert (out / "reads.png").is_file()
+    from pathlab import study as studies
+
+    owt = studies.load_study("owt16-debian")
+    missing = studies.missing_cells(owt, owt["figures"]["ablations"])  # none, once the study is complete
+    err = capsys.readouterr().err
+    assert (f"study owt16-debian has no results yet for {', '.join(missing)} " in err) == bool(missing)
 
 
 def test_list_notebooks(tmp_path, capsys):
