@@ -55,6 +55,16 @@ def test_bad_study_configs_name_the_problem(corpus, tmp_path):  # noqa: F811
         studies.cell_config(studies.load_study(good), "nope")
 
 
+def test_a_study_file_that_is_not_a_yaml_mapping_is_named_with_its_line(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: broken\ncells: {rope: {attention: rope}\n")
+    with pytest.raises(ValueError, match=r"study: .*broken.yaml is not valid YAML: .*\(line 3, column 1\)"):
+        studies.load_study(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ValueError, match=r"study: .*broken.yaml must hold a mapping at the top level"):
+        studies.load_study(bad)
+
+
 def test_the_shipped_studies_resolve_every_cell():
     for name in studies.available_studies():
         s = studies.load_study(name)

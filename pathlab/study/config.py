@@ -15,9 +15,7 @@ import json
 import math
 from pathlib import Path
 
-import yaml
-
-from pathlab.training.config import repo_root, resolve_config
+from pathlab.training.config import read_yaml_mapping, repo_root, resolve_config
 
 CELL_KEYS = {"attention", "attention_kwargs", "overrides", "tokens", "group", "note"}
 STUDY_KEYS = {"name", "description", "train_config", "results_dir", "overrides", "eval", "probes", "cells",
@@ -56,12 +54,7 @@ def load_study(study, *, fast: bool = False) -> dict:
             path = studies_dir() / f"{study}.yaml"
             if not path.is_file():
                 raise ValueError(f"study: no study named {study!r}; available: {', '.join(available_studies())}")
-        if not path.is_file():
-            raise ValueError(f"study: file {path} does not exist")
-        try:
-            cfg = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"study: {path} is not valid YAML: {err}") from None
+        cfg = read_yaml_mapping(path, "study")
         where = str(path)
         cfg.setdefault("name", path.stem)
     if not isinstance(cfg, dict):

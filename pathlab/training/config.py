@@ -97,15 +97,22 @@ def _read_config_source(config) -> dict:
                 break
         else:
             raise ValueError(f"config: no config named {config!r}; available: {', '.join(available_configs())}")
+    data = read_yaml_mapping(path, "config")
+    data.setdefault("name", path.stem)
+    return data
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict:
+    """The mapping a YAML config file holds; a missing file, invalid YAML (with its line and column) or another
+    top level is a ValueError that starts with ``what`` and names the file."""
     if not path.is_file():
-        raise ValueError(f"config: file {path} does not exist")
+        raise ValueError(f"{what}: file {path} does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ValueError(f"config: {path} is not valid YAML: {_yaml_problem(err)}") from None
+        raise ValueError(f"{what}: {path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {path} must hold a mapping at the top level")
-    data.setdefault("name", path.stem)
+        raise ValueError(f"{what}: {path} must hold a mapping at the top level")
     return data
 
 
