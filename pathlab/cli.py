@@ -21,6 +21,20 @@ SUBCOMMANDS = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser (and its own subcommands'): ``key=value`` overrides are accepted after the options
+    too (``pathlab train --no-progress train.max_iters=100``); argparse fills a ``nargs="*"`` positional only from
+    the first block of positionals and would reject the later ones as unrecognised arguments."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        settings = [e for e in extras if "=" in e and not e.startswith("-")]
+        if settings and hasattr(ns, "overrides"):
+            ns.overrides = list(ns.overrides or []) + settings
+            extras = [e for e in extras if e not in settings]
+        return ns, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -41,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"pathlab {name}", description=SUBCOMMANDS[name][1])
+    parser = CommandParser(prog=f"pathlab {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     try:

@@ -100,6 +100,13 @@ def test_settings_out_of_range_are_refused_before_training(task, key, value, mes
         resolve_settings(task, preset="tiny-cpu", overrides={key: value})
 
 
+def test_cli_settings_may_follow_the_options(capsys):
+    from pathlab.cli import main
+
+    assert main(["tasks", "run", "a5", "--attention", "rope", "--preset", "tiny-cpu", "--quiet", "n_layer=two"]) == 2
+    assert "n_layer" in capsys.readouterr().err
+
+
 def test_cli_run_refuses_a_directory_as_out_before_training(tmp_path, capsys, monkeypatch):
     from pathlab.cli import main
     from pathlab.tasks import runner

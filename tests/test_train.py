@@ -247,6 +247,15 @@ def test_overrides_are_typed():
     assert cfg["model"]["attention_kwargs"] == {"base": 500}
 
 
+def test_overrides_may_follow_the_options(capsys):
+    """`pathlab train --no-progress key=value`: overrides after an option reach the config (here a bad one, named
+    by the config's own error) instead of being rejected as unrecognised arguments."""
+    from pathlab.cli import main
+
+    assert main(["train", "train.max_iters=1", "--no-progress", "train.max_iters=abc"]) == 1
+    assert "config key 'train.max_iters' must be int, got 'abc'" in capsys.readouterr().err
+
+
 def test_a_run_dir_that_is_a_file_is_refused(corpus, tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("keep me")

@@ -30,24 +30,11 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-class _OverridesAnywhere(argparse.ArgumentParser):
-    """Accepts ``key=value`` settings after the options too (``run a5 --attention rope n_layer=2``): argparse
-    fills a ``nargs="*"`` positional only from the first block of positionals and rejects later ones."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, extras = super().parse_known_args(args, namespace)
-        settings = [e for e in extras if "=" in e and not e.startswith("-")]
-        if settings and hasattr(ns, "overrides"):
-            ns.overrides = list(ns.overrides or []) + settings
-            extras = [e for e in extras if e not in settings]
-        return ns, extras
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "\n".join(__doc__.splitlines()[2:])
-    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_OverridesAnywhere)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)  # of the parser's class
 
     run = sub.add_parser("run", help="train and evaluate one model on a task")
     run.add_argument("task", choices=sorted(TASKS))
