@@ -114,7 +114,7 @@ def test_list_notebooks(tmp_path, capsys):
 def test_unknown_cells_are_named(tmp_path, capsys):
     _notebook(tmp_path / "x.ipynb", "pass")
     assert figures.run(_args(notebooks=str(tmp_path), variants="rope,bogus")) == 2
-    assert "unknown cells ['bogus']" in capsys.readouterr().err
+    assert "--variants: unknown ['bogus']; the study 'tiny-cpu' has" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw, name", [({"profile": "big"}, "profile"), ({"fast": "yes"}, "fast"),

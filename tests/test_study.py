@@ -177,11 +177,7 @@ def test_figure_inputs_train_the_missing_cells_of_a_cpu_study(corpus, tmp_path, 
 def test_a_corrupt_result_file_is_refused_with_its_path(tmp_path, name):
     """A truncated result file stops loading with an error that names the file and the way back (git, or the cell
     run again), for the figures and for `pathlab study compare`; the committed cell loads as it is."""
-    import shutil
-
-    owt = studies.load_study("owt16-debian")
-    s = {**owt, "results_dir": str(tmp_path)}
-    shutil.copytree(studies.cell_results_dir(owt, "path-seed2"), tmp_path / "path-seed2")
+    s = _committed_cells(tmp_path, "path-seed2")
     assert list(studies.load_cells(s, ["path-seed2"])) == ["path-seed2"]
     target = tmp_path / "path-seed2" / name
     target.write_bytes(target.read_bytes()[:200])
@@ -213,8 +209,6 @@ def test_a_damaged_probe_record_is_refused_wherever_it_is_damaged(tmp_path):
 
 def _committed_cells(tmp_path, *names):
     """The owt16-debian study reading copies of the committed results of ``names`` from ``tmp_path``."""
-    import shutil
-
     owt = studies.load_study("owt16-debian")
     for name in names:
         shutil.copytree(studies.cell_results_dir(owt, name), tmp_path / name)

@@ -70,15 +70,11 @@ def check_parameters(*, profile, fast, out_dir, seed=0, variants=None, near_widt
     if variants is None and near_width is None:
         return
     from pathlab.probes.records import DEFAULTS
-    from pathlab.study import load_study
+    from pathlab.study import cell_names, load_study
 
     study = load_study(profile, fast=fast)
     if variants is not None:
-        names = [v.strip() for v in variants.split(",")] if isinstance(variants, str) else variants
-        unknown = [v for v in names if v not in study["cells"]] if isinstance(names, (list, tuple)) else [variants]
-        if unknown or not names:
-            raise ValueError(f"variants must be None or cells of the study {study['name']!r} ("
-                             f"{', '.join(study['cells'])}), comma-separated; got {variants!r}")
+        cell_names(study, variants, "variants")
     widths = ["per-head", *(str(w) for w in study["probes"].get("near", DEFAULTS["near"]))]
     if near_width is not None and (isinstance(near_width, bool) or str(near_width) not in widths):
         raise ValueError(f"near_width must be None or one of the study's near-set widths {widths}, got {near_width!r}")
@@ -254,11 +250,10 @@ def run(args: argparse.Namespace) -> int:
         notebooks = [known[n.removesuffix(".ipynb")] for n in args.only]
     wanted = None
     if args.variants:
-        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-        unknown = [v for v in wanted if v not in study["cells"]]
-        if unknown:
-            print(f"pathlab figures: unknown cells {unknown}; the study {study['name']!r} has "
-                  f"{', '.join(study['cells'])}", file=sys.stderr)
+        try:
+            wanted = studies.cell_names(study, args.variants, "--variants")
+        except ValueError as err:
+            print(f"pathlab figures: {err}", file=sys.stderr)
             return 2
     if args.list:
         for p in notebooks:

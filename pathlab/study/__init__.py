@@ -20,10 +20,10 @@ corpus, and each run directory is locked by its trainer.
 """
 
 from pathlab.study.cells import figure_inputs, load_cells, missing_cells, read_cell_file, seed_margins
-from pathlab.study.config import (available_studies, cell_config, cell_results_dir, load_study, results_dir, run_dir,
-                                  runs_here)
+from pathlab.study.config import (available_studies, cell_config, cell_names, cell_results_dir, load_study,
+                                  results_dir, run_dir, runs_here)
 from pathlab.study.runner import StudyPaused, cell_status, run_cell, run_study
 
-__all__ = ["StudyPaused", "available_studies", "cell_config", "cell_results_dir", "cell_status", "figure_inputs",
-           "load_cells", "load_study", "missing_cells", "read_cell_file", "results_dir", "run_cell", "run_dir",
-           "run_study", "runs_here", "seed_margins"]
+__all__ = ["StudyPaused", "available_studies", "cell_config", "cell_names", "cell_results_dir", "cell_status",
+           "figure_inputs", "load_cells", "load_study", "missing_cells", "read_cell_file", "results_dir", "run_cell",
+           "run_dir", "run_study", "runs_here", "seed_margins"]

@@ -139,12 +139,19 @@ def cell_fingerprint(study: dict, cell: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cell_names(study: dict, cells) -> list[str]:
-    """The cells named by ``cells`` (a comma-separated string or a list), each checked against the study."""
-    names = [c.strip() for c in cells.split(",") if c.strip()] if isinstance(cells, str) else list(cells)
+def cell_names(study: dict, cells, what: str = "cells") -> list[str]:
+    """The cells named by ``cells`` (a comma-separated string or a list), each checked against the study; a
+    ValueError names the argument (``what``: ``cells``, ``variants``, ``--variants``) and the study's cells."""
+    if isinstance(cells, str):
+        names = [c.strip() for c in cells.split(",") if c.strip()]
+    elif isinstance(cells, (list, tuple)):
+        names = list(cells)
+    else:
+        raise ValueError(f"{what}: expected cell names, comma-separated or as a list, got {cells!r}")
     unknown = [c for c in names if c not in study["cells"]]
-    if unknown:
-        raise ValueError(f"cells: unknown {unknown}; the study {study['name']!r} has {', '.join(study['cells'])}")
+    if unknown or not names:
+        raise ValueError(f"{what}: unknown {unknown or cells!r}; the study {study['name']!r} has "
+                         f"{', '.join(study['cells'])}")
     return names
 
 
@@ -155,11 +162,7 @@ def figure_cells(study: dict, figure: str, only=None) -> list[str]:
                          f"{', '.join(study['figures'])}")
     chosen = [c for c in study["figures"][figure] if c in study["cells"]]
     if only is not None:
-        wanted = [c.strip() for c in only.split(",")] if isinstance(only, str) else list(only)
-        unknown = [c for c in wanted if c not in study["cells"]]
-        if unknown:
-            raise ValueError(f"variants: unknown {unknown}; the study {study['name']!r} has "
-                             f"{', '.join(study['cells'])}")
+        wanted = cell_names(study, only, "variants")
         chosen = [c for c in chosen if c in wanted]
     return chosen
 

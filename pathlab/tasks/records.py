@@ -16,9 +16,14 @@ FILES = {"flipflop": "flipflop.json", "mqrar": "mqrar.json", "a5": "a5_sweep.jso
 FILE_TASK = {"flipflop": "flipflop", "mqrar": "mqrar", "a5": "a5_sweep"}  # the "task" field of each file
 
 
+def records_key(task: str) -> str:
+    """The key of a suite file's records: ``chains`` (A5) or ``runs``."""
+    return "chains" if task == "a5" else "runs"
+
+
 def records(task: str, doc: Mapping) -> list[dict]:
     """The runs (flip-flop, MQRAR-N) or chains (A5) of a suite file."""
-    return list(doc.get("chains" if task == "a5" else "runs") or [])
+    return list(doc.get(records_key(task)) or [])
 
 
 def runs_of(task: str, record: Mapping) -> list[dict]:

@@ -126,7 +126,7 @@ def _aggregate(task: str, preset, command, results: list[dict], planned: list[di
                **fields) -> dict:
     """A task's suite file: its records, the jobs planned for it and whether it is complete: every planned job
     has its finished record and none of this suite's (``pending``) is left."""
-    key = "chains" if task == "a5" else "runs"
+    key = records.records_key(task)
     # a stable order whatever order the workers finished in
     results = sorted(results, key=lambda r: (r["attention"], r.get("length", 0),
                                              r.get("settings", {}).get("n_back", 0)))
@@ -148,7 +148,7 @@ def _earlier_file(task: str, path: Path) -> dict | None:
     except (OSError, ValueError) as err:
         raise ValueError(f"{path} holds earlier results but cannot be read ({type(err).__name__}: {err}); restore "
                          f"it (e.g. from git), or {way_out}") from None
-    key = "chains" if task == "a5" else "runs"
+    key = records.records_key(task)
     if not isinstance(doc, dict) or doc.get("task") != records.FILE_TASK[task] or not isinstance(doc.get(key), list):
         raise ValueError(f"{path} is not a suite file of {task} (no task {records.FILE_TASK[task]!r} with a list "
                          f"of {key}); {way_out}")
