@@ -128,6 +128,9 @@ def test_a_time_budget_pauses_training_and_the_same_call_continues(corpus, tmp_p
 def test_no_stage_starts_without_the_reserve(corpus, tmp_path, runs):  # noqa: F811
     s = studies.load_study({**_study(corpus, tmp_path), "reserve_s": 3600})
     assert studies.run_study(s, budget_s=10, progress=False) == {"rope": "not started", "qkv": "not started"}
+    assert studies.run_study(s, [], progress=False) == {}  # no cell missing: nothing to run, as figure_inputs asks
+    with pytest.raises(ValueError, match=r"cells: unknown ' , '"):
+        studies.run_study(s, " , ", progress=False)
 
 
 def test_a_trained_run_of_another_config_is_refused_not_relabelled(corpus, tmp_path, runs, capsys):  # noqa: F811

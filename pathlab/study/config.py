@@ -149,7 +149,7 @@ def cell_names(study: dict, cells, what: str = "cells") -> list[str]:
     else:
         raise ValueError(f"{what}: expected cell names, comma-separated or as a list, got {cells!r}")
     unknown = [c for c in names if c not in study["cells"]]
-    if unknown or not names:
+    if unknown or (isinstance(cells, str) and not names):  # an empty list is no cells; an empty text is a slip
         raise ValueError(f"{what}: unknown {unknown or cells!r}; the study {study['name']!r} has "
                          f"{', '.join(study['cells'])}")
     return names
