@@ -118,11 +118,21 @@ def test_a_time_budget_pauses_training_and_the_same_call_continues(corpus, tmp_p
     assert studies.run_study(s, "rope", budget_s=1.0, progress=False) == {"rope": "paused"}
     assert time.monotonic() - t0 < 30
     assert studies.cell_status(s, "rope") == "partial"
-    step = int(load_checkpoint(studies.run_dir(s, "rope") / "ckpt.pt")["step"])
+    first_call = time.monotonic() - t0
+    run = studies.run_dir(s, "rope")
+    step = int(load_checkpoint(run / "ckpt.pt")["step"])
     assert 0 < step < 400
+    # The paused call's training time is kept; say an earlier call had trained for 1000 s.
+    seconds_file = run / "study_train_seconds.json"
+    assert 0 < json.loads(seconds_file.read_text())["train_s"] <= first_call
+    seconds_file.write_text(json.dumps({"train_s": 1000.0}))
     s["cells"]["rope"]["overrides"] = {"train.max_iters": 400}
+    t0 = time.monotonic()
     assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
-    assert json.loads((studies.cell_results_dir(s, "rope") / "cell.json").read_text())["iterations"] == 400
+    second_call = time.monotonic() - t0
+    cell = json.loads((studies.cell_results_dir(s, "rope") / "cell.json").read_text())
+    assert cell["iterations"] == 400
+    assert 1000.0 < cell["seconds"]["train_s"] <= 1000.0 + second_call  # both calls' training, not the last one's
 
 
 def test_no_stage_starts_without_the_reserve(corpus, tmp_path, runs):  # noqa: F811
@@ -257,3 +267,12 @@ def test_stale_results_are_refused_by_the_readers(tmp_path, capsys):
                                              r"config \w+, the study config gives \w+"):
             read()
     assert list(studies.load_cells(changed, ["path"])) == ["path"]
+
+
+def test_a_damaged_training_time_file_restarts_the_count_with_a_warning(tmp_path, capsys):
+    from pathlab.study.runner import TRAIN_SECONDS_NAME, _add_train_seconds
+
+    (tmp_path / TRAIN_SECONDS_NAME).write_text('{"train_s": ')
+    assert _add_train_seconds(tmp_path, 2.5) == 2.5
+    assert "damaged" in capsys.readouterr().err
+    assert _add_train_seconds(tmp_path, 1.0) == 3.5

@@ -30,6 +30,7 @@ from pathlab.training.checkpoint import CKPT_NAME, PREV_NAME
 from pathlab.training.config import repo_root
 
 STAGES = ("train", "eval", "probes")
+TRAIN_SECONDS_NAME = "study_train_seconds.json"  # in the run folder: training seconds over every call so far
 
 
 class StudyPaused(RuntimeError):
@@ -50,6 +51,23 @@ def cell_status(study: dict, cell: str) -> str:
     if (run / "summary.json").is_file() and (run / "ckpt.pt").is_file():
         return "trained"
     return "partial" if (run / "ckpt.pt").is_file() else "missing"
+
+
+def _add_train_seconds(run: Path, seconds: float) -> float:
+    """Adds one call's training seconds to the cell's total and returns the total, so that a cell paused and
+    continued reports the time of all its calls, not only of the last one."""
+    path = run / TRAIN_SECONDS_NAME
+    total = 0.0
+    if path.is_file():
+        try:
+            total = float(json.loads(path.read_text())["train_s"])
+        except (ValueError, KeyError, TypeError):
+            print(f"pathlab study: {path} is damaged; the cell's training time counts from this call on",
+                  file=sys.stderr, flush=True)
+    total += seconds
+    if run.is_dir():
+        atomic_write_bytes(path, json.dumps({"train_s": total}).encode())
+    return total
 
 
 def _train_curve(run: Path) -> str:
@@ -103,11 +121,12 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
         training.train(cfg, run_dir=run, resume=any((run / name).is_file() for name in (CKPT_NAME, PREV_NAME)),
                        progress=progress, deadline=train_deadline)
     except training.TrainingPaused:
+        _add_train_seconds(run, time.monotonic() - t0)
         raise StudyPaused(f"cell {cell!r}: the time budget ran out during training; its checkpoint in {run} "
                           "is kept and the same command continues it") from None
     except training.RunMismatch as err:  # a run of the cell's earlier config: removing it is the way out
         raise ValueError(f"cell {cell!r}: {err} (for a study cell: remove {run} to train the cell again)") from None
-    times["train_s"] = time.monotonic() - t0
+    times["train_s"] = _add_train_seconds(run, time.monotonic() - t0)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
