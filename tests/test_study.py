@@ -269,6 +269,22 @@ def test_stale_results_are_refused_by_the_readers(tmp_path, capsys):
     assert list(studies.load_cells(changed, ["path"])) == ["path"]
 
 
+def test_a_probe_record_of_another_cell_is_refused(corpus, tmp_path, runs):  # noqa: F811
+    """``probes.npz`` names no cell itself: ``cell.json`` records its sha256, so a copy from another cell is
+    refused where a JSON file would be."""
+    s = studies.load_study(_study(corpus, tmp_path))
+    assert studies.run_study(s, progress=False) == {"rope": "done", "qkv": "done"}
+    assert list(studies.load_cells(s, ["rope", "qkv"])) == ["rope", "qkv"]  # the negative control
+    target = studies.cell_results_dir(s, "rope") / "probes.npz"
+    own = target.read_bytes()
+    target.write_bytes((studies.cell_results_dir(s, "qkv") / "probes.npz").read_bytes())
+    with pytest.raises(ValueError, match=r"rope/probes.npz is refused: its contents are not the record its "
+                                         r"cell.json names"):
+        studies.load_cells(s, ["rope"])
+    target.write_bytes(own)
+    assert list(studies.load_cells(s, ["rope"])) == ["rope"]
+
+
 def test_a_damaged_training_time_file_restarts_the_count_with_a_warning(tmp_path, capsys):
     from pathlab.study.runner import TRAIN_SECONDS_NAME, _add_train_seconds
 

@@ -15,11 +15,12 @@ end-of-text token 50256.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from pathlab.data.tokens import file_sha256
 
 # The hashes tiktoken pins for openaipublic's gpt-2/encodings/main files (tiktoken_ext/openai_public.py).
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -43,10 +44,6 @@ class TokenizerInfo:
 
 
 GPT2_INFO = TokenizerInfo("gpt2", GPT2_VOCAB_SIZE, GPT2_EOT)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def find_gpt2_files() -> tuple[Path, Path]:
@@ -78,7 +75,7 @@ def gpt2_tokenizer():
         raise RuntimeError("the GPT-2 tokenizer needs tiktoken: `pip install -e .[data]`") from err
     bpe, enc = find_gpt2_files()
     for path, want in ((bpe, GPT2_VOCAB_BPE_SHA256), (enc, GPT2_ENCODER_JSON_SHA256)):
-        got = _sha256(path)
+        got = file_sha256(path)
         if got != want:
             raise RuntimeError(f"{path} is not GPT-2's file: sha256 {got}, expected {want}")
     ranks = data_gym_to_mergeable_bpe_ranks(str(bpe), str(enc))

@@ -14,6 +14,7 @@ import zipfile
 import zlib
 
 from pathlab import intervals
+from pathlab.data.tokens import file_sha256
 from pathlab.study.config import cell_fingerprint, cell_results_dir, figure_cells, load_study, runs_here
 from pathlab.study.runner import run_study
 
@@ -27,8 +28,13 @@ def load_cells(study: dict, cells) -> dict:
     for c in cells:
         if not (cell_results_dir(study, c) / "cell.json").is_file():
             continue
-        out[c] = {"cell": read_cell_file(study, c, "cell.json"), "eval": read_eval(study, c),
-                  "record": read_cell_file(study, c, "probes.npz", records.load_record)}
+        marker = read_cell_file(study, c, "cell.json")
+        record = read_cell_file(study, c, "probes.npz", records.load_record)
+        recorded = marker.get("probes_sha256")  # cells written before cell.json carried it are checked by git alone
+        if recorded is not None and file_sha256(cell_results_dir(study, c) / "probes.npz") != recorded:
+            _refuse(study, c, "probes.npz", "its contents are not the record its cell.json names (sha256 "
+                                            f"{recorded[:12]}…; copied from another cell, or changed since?)")
+        out[c] = {"cell": marker, "eval": read_eval(study, c), "record": record}
     return out
 
 

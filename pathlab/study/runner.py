@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from pathlab.atomic import atomic_write_bytes
+from pathlab.data.tokens import file_sha256
 from pathlab.study.config import (cell_config, cell_fingerprint, cell_names, cell_results_dir, load_study,
                                   run_dir)
 from pathlab.training.checkpoint import CKPT_NAME, PREV_NAME
@@ -144,6 +145,7 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
     model, run_cfg = training.load_run(run, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
     record, raw = records.measure_cell(model, run_cfg, study["probes"], progress=progress)
     records.save_record(out / "probes.npz", record)
+    probes_sha256 = file_sha256(out / "probes.npz")  # binds the record to this cell (a JSON names its cell itself)
     raw_dir = (repo_root() or Path.cwd()) / "build" / "study-raw" / study["name"] / cell
     records.save_raw(raw_dir, raw)
     del model
@@ -159,7 +161,7 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
         "tokens": summary["tokens"], "iterations": summary["iterations"], "train_loss": summary["train_loss"],
         "val_loss": summary["val_loss"], "tokens_per_s": summary["tokens_per_s"],
         "parameters": summary["parameters"], "seed": cfg["train"]["seed"], "eval": study["eval"],
-        "probes": study["probes"], "config": cfg, "git_revision": git_revision(), "environment": env,
+        "probes": study["probes"], "probes_sha256": probes_sha256, "config": cfg, "git_revision": git_revision(), "environment": env,
         "versions": library_versions(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                       time.gmtime()),
         "wall_s": time.time() - started,
