@@ -439,3 +439,59 @@ def test_seeds_repeat_the_pair_claims_and_flag_a_spread_beyond_the_windows():
     assert summaries.seeds_summary({c: cells[c] for c in ("rope", "path")}) == ({"pairs": {}}, {}, {})
     cells["rope-seed2"]["eval"]["lengths"]["1024"]["window_starts"] = list(range(100, 132))  # other windows
     assert summaries.seeds_summary(cells)[0]["pairs"]["rope"]["seeds_differ_beyond_windows"] is None
+
+
+def _budget_cell(attention: str, tokens: float, shift: float, text: np.ndarray, **kwargs) -> dict:
+    return {"cell": {"attention": attention, "attention_kwargs": kwargs, "tokens": int(tokens)},
+            "eval": _windowed_eval(text + shift + np.random.default_rng().normal(0.0, 0.01, text.size))}
+
+
+def test_the_dispersion_sweep_starts_from_the_rope_of_its_own_budget():
+    """τ = 0 is the RoPE trained on the sweep's budget. Here the 100M-token RoPE degrades most and the 50M-token
+    one least, with the τ cells (50M) in between: read against the 100M RoPE, dispersion would seem to help (the
+    defect this guards against); against its own budget's RoPE it does not. The negative control puts the same-budget
+    RoPE above the τ cells, where the claim must hold."""
+    text = np.random.default_rng().normal(1.0, 0.5, 32)
+
+    def sweep(rope_50m_shift):
+        return {"rope": _budget_cell("rope", 100e6, 2.5, text),
+                "rope_50M": _budget_cell("rope", 50e6, rope_50m_shift, text),
+                "rot_iid_tau0.5": _budget_cell("rot_random_qk", 50e6, 1.6, text, table="position", dispersion=0.5),
+                "rot_iid_tau1": _budget_cell("rot_random_qk", 50e6, 1.5, text, table="position", dispersion=1.0)}
+
+    data, claims, _ = summaries.ablation_summary(sweep(1.0))
+    assert data["dispersion_baseline"] == "rope_50M"
+    assert [(p["tau"], p["cell"]) for p in data["dispersion_sweep"]] == [
+        (0.0, "rope_50M"), (0.5, "rot_iid_tau0.5"), (1.0, "rot_iid_tau1")]
+    assert claims["extrapolation_improves_with_dispersion"] is False
+    assert summaries.ablation_summary(sweep(2.0))[1]["extrapolation_improves_with_dispersion"] is True
+    # without a RoPE of the sweep's budget there is no τ = 0: the claim is open, not decided against another budget
+    no_baseline = {c: e for c, e in sweep(1.0).items() if c != "rope_50M"}
+    data, claims, _ = summaries.ablation_summary(no_baseline)
+    assert data["dispersion_baseline"] is None and claims["extrapolation_improves_with_dispersion"] is None
+    assert [p["cell"] for p in data["dispersion_sweep"]] == ["rot_iid_tau0.5", "rot_iid_tau1"]
+
+
+def test_comparisons_of_cells_of_different_budgets_are_refused():
+    """A sweep or a pair whose cells were trained on different budgets compares budgets, not variants: every
+    summary that compares r between cells stops with each cell's budget. Its control: the same cells at one budget."""
+    text = np.random.default_rng().normal(1.0, 0.5, 32)
+    tau = {"table": "position"}
+    cases = [
+        (lambda b: summaries.ablation_summary({
+            "rot_iid_tau0.5": _budget_cell("rot_random_qk", 50e6, 1.6, text, dispersion=0.5, **tau),
+            "rot_iid_tau1": _budget_cell("rot_random_qk", b, 1.5, text, dispersion=1.0, **tau)}), "the dispersion sweep"),
+        (lambda b: summaries.ablation_summary({"path": _budget_cell("path", 50e6, 1.0, text),
+                                               "path_fox": _budget_cell("path_fox", b, 0.5, text)}),
+         "forget_gate_improves_extrapolation"),
+        (lambda b: summaries.extrapolation_summary({"path": _budget_cell("path", 50e6, 1.0, text),
+                                                    "rope": _budget_cell("rope", b, 2.0, text)}),
+         "path_flatter_than_rope"),
+        (lambda b: summaries.window_sweep_summary({
+            "rope_50M": _budget_cell("rope", 50e6, 2.0, text),
+            "rot_window_qk_W16": _budget_cell("rot_random_qk", b, 1.0, text, window=16, **tau)}, lengths=(1024,)),
+         "the window sweep")]
+    for summary, what in cases:
+        summary(50e6)  # one budget: compared
+        with pytest.raises(ValueError, match=rf"{what}: the cells were trained on different budgets \(.*100.0M"):
+            summary(100e6)

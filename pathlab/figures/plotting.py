@@ -475,7 +475,10 @@ def plot_ablations(data, note=""):
     for ax, (key, title) in zip(axes[0], panels):
         if key == "dispersion_sweep":
             sweep = data[key]
-            ax.plot([s["tau"] for s in sweep], [s["ratio_longest"] for s in sweep], "o-")
+            r = np.array([s["ratio_longest"] for s in sweep], dtype=float)
+            ci = np.array([s.get("ratio_longest_ci95") or (np.nan, np.nan) for s in sweep], dtype=float)
+            ax.errorbar([s["tau"] for s in sweep], r, yerr=[r - ci[:, 0], ci[:, 1] - r], fmt="o-", capsize=3,
+                        label="95% interval over windows")
             for s in sweep:
                 ax.annotate(s["cell"], (s["tau"], s["ratio_longest"]), fontsize=6)
             ax.set(xlabel="angle dispersion τ (ξ ~ 1 + τ U[−1, 1], i.i.d.)", ylabel="r at the longest L",

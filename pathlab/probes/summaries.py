@@ -80,6 +80,24 @@ def mixes(entry) -> bool:
     return attention_class(entry["cell"]["attention"]).mixes(**_settings(entry))
 
 
+def tokens_of(entry) -> int | None:
+    """The cell's training budget in tokens (``cell.json``; None where not recorded)."""
+    return entry.get("cell", {}).get("tokens")
+
+
+def one_budget(cells: dict, what: str) -> int | None:
+    """The one training budget of the cells a comparison of r(L) reads, or a ValueError naming each cell's.
+
+    r(L) moves with the budget as much as with the variant (here the 100M-token RoPE's r(65K) is 1.8 times the
+    50M-token one's), so cells of two budgets are no comparison of their variants."""
+    budgets = {c: tokens_of(e) for c, e in cells.items()}
+    if len(set(budgets.values())) > 1:
+        listed = ", ".join(f"{c} {'?' if t is None else f'{t / 1e6:.1f}M'}" for c, t in budgets.items())
+        raise ValueError(f"{what}: the cells were trained on different budgets ({listed} tokens); compare cells "
+                         "of one budget")
+    return next(iter(budgets.values()), None)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # M4: far mass
 
@@ -481,6 +499,7 @@ def pair_claims(cells: dict, suffix: str = "", margins: dict | None = None) -> d
     claims = {}
     for name, (a, b) in PAIR_CLAIMS.items():
         if a in cells and b in cells:
+            one_budget({a: cells[a], b: cells[b]}, name)
             L = min(max(int(x) for x in cells[a]["eval"]["lengths"]), max(int(x) for x in cells[b]["eval"]["lengths"]))
             o = compare(cells[a]["eval"]["lengths"][str(L)], cells[b]["eval"]["lengths"][str(L)], seed=L,
                         margin=margin_at(margins, L))
@@ -525,6 +544,7 @@ def window_sweep_summary(cells: dict, lengths=(8192, 65536), margins: dict | Non
     its paired interval: a reference, in no claim).
     """
     data, claims = {"groups": {}, "lengths": list(lengths), "seed_margins": dict(margins or {})}, {}
+    one_budget({c: e for c, e in cells.items() if window_of(e) is not None}, "the window sweep")
     rope = cells.get("rope")
     L_key = lengths[-1]
 
@@ -586,8 +606,9 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
     with and without a FoX gate), (c) NTK-scaled RoPE at evaluation.
 
     Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L lower at the largest τ than at τ 0,
-    and no step up in τ raising it); ``forget_gate_improves_extrapolation`` (PaTH-FoX below PaTH);
-    ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
+    and no step up in τ raising it; τ 0 is the RoPE cell of the sweep's training budget,
+    ``data["dispersion_baseline"]``, and the claim is None without one); ``forget_gate_improves_extrapolation``
+    (PaTH-FoX below PaTH); ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
     and ``gate_limits_rotation_far_mass_growth`` (the gated cell's far mass, mean over layers at the per-head
     width, rises no more from the shortest to the longest length than its ungated twin's: PaTH-FoX against PaTH,
     rot_random_qk_fox against rot_random_qk); ``ntk_scaling_helps_rope``. The comparisons of
@@ -602,29 +623,37 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
         return compare(longest_row(a), longest_row(b), margin=margin_at(margins, L))
 
     rows = {c: length_rows(e["eval"]) for c, e in cells.items()}
-    sweep = []
+    taus = {}
     for c, e in cells.items():
         kw = e["cell"].get("attention_kwargs") or {}
-        if e["cell"]["attention"] == "rope":
-            tau = 0.0
-        elif kw.get("table") == "position" and "dispersion" in kw and "window" not in kw:
-            tau = float(kw["dispersion"])
-        else:
-            continue
+        if kw.get("table") == "position" and "dispersion" in kw and "window" not in kw:
+            taus[c] = float(kw["dispersion"])
+    # τ = 0 is RoPE trained on the sweep's budget: a RoPE of another budget (the 100M-token headline cell beside
+    # 50M-token sweep cells) differs from the sweep by its budget, not by its dispersion
+    budget = one_budget({c: cells[c] for c in taus}, "the dispersion sweep")
+    baseline = next((c for c, e in cells.items() if e["cell"]["attention"] == "rope" and tokens_of(e) == budget),
+                    None) if taus else None
+    data["dispersion_baseline"] = baseline
+    sweep = []
+    for c, tau in (({baseline: 0.0} if baseline else {}) | taus).items():
+        e = cells[c]
         sweep.append({"tau": tau, "cell": c, "ratio_longest": rows[c]["ratio"][-1], "L": rows[c]["lengths"][-1],
+                      "ratio_longest_ci95": [rows[c]["ratio_lo"][-1], rows[c]["ratio_hi"][-1]], "tokens": tokens_of(e),
                       "finite_window_fraction": (float(np.mean(np.isfinite(e["record"]["angles"]["W_emp"])))
-                                                 if "angles" in e["record"] else None)})
+                                                 if "angles" in e.get("record", {}) else None)})
     sweep.sort(key=lambda s: s["tau"])
     data["dispersion_sweep"] = sweep
-    if len(sweep) >= 2:
+    if taus:
         last = [cells[s["cell"]]["eval"] for s in sweep]
         steps = [longer(b, a) for a, b in zip(last, last[1:])]
         claims["extrapolation_improves_with_dispersion"] = (
+            None if baseline is None else
             False if any(o == 1 for o in steps) else verdict([longer(last[-1], last[0])], -1))
     control, rho = {}, {}
     for a, b, ratio_claim, far_mass_claim in GATE_PAIRS:
         if not {a, b} <= set(cells):
             continue
+        one_budget({a: cells[a], b: cells[b]}, ratio_claim)
         control[a], control[b] = rows[a], rows[b]
         claims[ratio_claim] = verdict([longer(cells[b]["eval"], cells[a]["eval"])], -1)
         if all("record" in cells[c] for c in (a, b)):
