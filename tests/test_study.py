@@ -292,3 +292,23 @@ def test_a_damaged_training_time_file_restarts_the_count_with_a_warning(tmp_path
     assert _add_train_seconds(tmp_path, 2.5) == 2.5
     assert "damaged" in capsys.readouterr().err
     assert _add_train_seconds(tmp_path, 1.0) == 3.5
+
+
+def test_cells_scored_on_another_build_of_the_corpus_are_not_compared(tmp_path):
+    """The windows two cells share are positions in the validation split: a cell of another build of the corpus
+    (other package versions) held other text there. The figures' loader, the seed margins and `pathlab study
+    compare` refuse the pair, naming each cell's split; the same cells from one build load (the control)."""
+    s = _committed_cells(tmp_path, "rope", "rope-seed2", "path")
+    assert list(studies.load_cells(s, ["rope", "path"])) == ["rope", "path"]
+    assert study_cli._compare(s, "rope", "path") == 0
+    assert studies.seed_margins(s)
+    marker_path = tmp_path / "rope-seed2" / "cell.json"
+    marker = json.loads(marker_path.read_text())
+    marker["environment"]["corpus_identity"]["val_sha256"] = "0" * 64
+    marker_path.write_text(json.dumps(marker))
+    for read in (lambda: studies.load_cells(s, ["rope", "rope-seed2"]), lambda: studies.seed_margins(s),
+                 lambda: study_cli._compare(s, "rope-seed2", "path")):
+        with pytest.raises(ValueError, match=r"scored on different builds of the corpus \(validation split sha256: "
+                                             r"rope \w{12}, rope-seed2 000000000000|rope-seed2 000000000000, path"):
+            read()
+    assert list(studies.load_cells(s, ["rope", "path"])) == ["rope", "path"]

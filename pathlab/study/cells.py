@@ -35,7 +35,24 @@ def load_cells(study: dict, cells) -> dict:
             _refuse(study, c, "probes.npz", "its contents are not the record its cell.json names (sha256 "
                                             f"{recorded[:12]}…; copied from another cell, or changed since?)")
         out[c] = {"cell": marker, "eval": read_eval(study, c), "record": record}
+    check_one_corpus(study, list(out))
     return out
+
+
+def check_one_corpus(study: dict, cells) -> None:
+    """A ValueError unless ``cells`` were trained and scored on one build of the corpus (the identity each
+    ``cell.json`` records, package versions aside). Cells are compared on the same windows, which are positions in
+    the validation split: two builds (other package versions) put other text at those positions."""
+    identities = {}
+    for c in cells:
+        recorded = (read_cell_file(study, c, "cell.json").get("environment") or {}).get("corpus_identity") or {}
+        identities[c] = {k: v for k, v in recorded.items() if k != "packages"}
+    if len({json.dumps(v, sort_keys=True) for v in identities.values()}) > 1:
+        listed = ", ".join(f"{c} {str(v.get('val_sha256'))[:12]}" for c, v in identities.items())
+        raise ValueError(f"study {study['name']!r}: the cells were scored on different builds of the corpus "
+                         f"(validation split sha256: {listed}), so their windows hold other text and no comparison "
+                         "between them holds; prepare the corpus with one cell's package versions (`pathlab data "
+                         "prepare NAME --pin FILE`) and run the others again")
 
 
 def read_eval(study: dict, cell: str) -> dict:
@@ -57,6 +74,7 @@ def seed_margins(study, *, fast: bool = False) -> dict[int, float]:
     study = study if isinstance(study, dict) else load_study(study, fast=fast)
     names = [c for c in study["figures"].get("seeds", []) if f"{c}-seed2" in study["figures"]["seeds"]]
     done = [c for c in names if not missing_cells(study, [c, f"{c}-seed2"])]
+    check_one_corpus(study, [x for c in done for x in (c, f"{c}-seed2")])
     return intervals.seed_margins([(read_eval(study, c), read_eval(study, f"{c}-seed2")) for c in done])
 
 

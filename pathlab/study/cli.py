@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pathlab import intervals
 from pathlab.study import tables as study_tables
-from pathlab.study.cells import load_cells, missing_cells, read_eval, seed_margins
+from pathlab.study.cells import check_one_corpus, load_cells, missing_cells, read_eval, seed_margins
 from pathlab.study.config import available_studies, cell_names, load_study, results_dir
 from pathlab.study.runner import cell_status, run_study
 from pathlab.training.config import repo_root
@@ -84,6 +84,7 @@ def _compare(study: dict, a: str, b: str) -> int:
     missing = missing_cells(study, cells)
     if missing:
         raise ValueError(f"no results yet for {', '.join(missing)}")
+    check_one_corpus(study, cells)
     evals = [read_eval(study, c) for c in cells]
     margins = seed_margins(study)
     print(f"{a} over {b} (study {study['name']}; paired 95% intervals, the same windows resampled together)\n")
