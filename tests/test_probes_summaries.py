@@ -480,7 +480,8 @@ def test_comparisons_of_cells_of_different_budgets_are_refused():
     cases = [
         (lambda b: summaries.ablation_summary({
             "rot_iid_tau0.5": _budget_cell("rot_random_qk", 50e6, 1.6, text, dispersion=0.5, **tau),
-            "rot_iid_tau1": _budget_cell("rot_random_qk", b, 1.5, text, dispersion=1.0, **tau)}), "the dispersion sweep"),
+            "rot_iid_tau1": _budget_cell("rot_random_qk", b, 1.5, text, dispersion=1.0, **tau)}),
+         "the dispersion sweep"),
         (lambda b: summaries.ablation_summary({"path": _budget_cell("path", 50e6, 1.0, text),
                                                "path_fox": _budget_cell("path_fox", b, 0.5, text)}),
          "forget_gate_improves_extrapolation"),

@@ -608,12 +608,13 @@ def ablation_summary(cells: dict, margins: dict | None = None) -> tuple[dict, di
     Claims: ``extrapolation_improves_with_dispersion`` (r at the longest L lower at the largest τ than at τ 0,
     and no step up in τ raising it; τ 0 is the RoPE cell of the sweep's training budget,
     ``data["dispersion_baseline"]``, and the claim is None without one); ``forget_gate_improves_extrapolation``
-    (PaTH-FoX below PaTH); ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk); ``forget_gate_limits_far_mass_growth``
-    and ``gate_limits_rotation_far_mass_growth`` (the gated cell's far mass, mean over layers at the per-head
-    width, rises no more from the shortest to the longest length than its ungated twin's: PaTH-FoX against PaTH,
-    rot_random_qk_fox against rot_random_qk); ``ntk_scaling_helps_rope``. The comparisons of
-    r are decided by paired intervals (:mod:`pathlab.intervals`), beyond the study's spread between seeds at that
-    length when ``margins`` are given, and None while undecided.
+    (PaTH-FoX below PaTH); ``gate_improves_rotations`` (rot_random_qk_fox below rot_random_qk);
+    ``forget_gate_limits_far_mass_growth`` and ``gate_limits_rotation_far_mass_growth`` (the gated cell's far
+    mass, mean over layers at the per-head width, rises no more from the shortest to the longest length than its
+    ungated twin's: PaTH-FoX against PaTH, rot_random_qk_fox against rot_random_qk); ``ntk_scaling_helps_rope``.
+    The comparisons of r are decided by paired intervals (:mod:`pathlab.intervals`), beyond the study's spread
+    between seeds at that length when ``margins`` are given, and None while undecided; every pair compared must
+    share one training budget (:func:`one_budget`).
     """
     data, claims = {"seed_margins": dict(margins or {})}, {}
 

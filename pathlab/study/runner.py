@@ -161,10 +161,9 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
         "tokens": summary["tokens"], "iterations": summary["iterations"], "train_loss": summary["train_loss"],
         "val_loss": summary["val_loss"], "tokens_per_s": summary["tokens_per_s"],
         "parameters": summary["parameters"], "seed": cfg["train"]["seed"], "eval": study["eval"],
-        "probes": study["probes"], "probes_sha256": probes_sha256, "config": cfg, "git_revision": git_revision(), "environment": env,
-        "versions": library_versions(), "seconds": times, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                      time.gmtime()),
-        "wall_s": time.time() - started,
+        "probes": study["probes"], "probes_sha256": probes_sha256, "config": cfg, "git_revision": git_revision(),
+        "environment": env, "versions": library_versions(), "seconds": times,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": time.time() - started,
     }
     atomic_write_bytes(out / "cell.json", json.dumps(to_jsonable(marker), indent=1).encode())
     if progress:
