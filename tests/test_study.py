@@ -285,6 +285,17 @@ def test_a_probe_record_of_another_cell_is_refused(corpus, tmp_path, runs):  # n
     assert list(studies.load_cells(s, ["rope"])) == ["rope"]
 
 
+def test_a_cell_that_trains_from_the_start_counts_its_time_from_zero(corpus, tmp_path, runs):  # noqa: F811
+    """A training-time file left in a run folder without a checkpoint (its checkpoints removed) belongs to a run
+    that no longer exists: the new run's time is not added to it."""
+    s = studies.load_study(_study(corpus, tmp_path))
+    run = studies.run_dir(s, "rope")
+    run.mkdir(parents=True)
+    (run / "study_train_seconds.json").write_text(json.dumps({"train_s": 1000.0}))
+    assert studies.run_study(s, "rope", progress=False) == {"rope": "done"}
+    assert json.loads((studies.cell_results_dir(s, "rope") / "cell.json").read_text())["seconds"]["train_s"] < 1000
+
+
 def test_a_damaged_training_time_file_restarts_the_count_with_a_warning(tmp_path, capsys):
     from pathlab.study.runner import TRAIN_SECONDS_NAME, _add_train_seconds
 

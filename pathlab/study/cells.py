@@ -22,19 +22,12 @@ from pathlab.study.runner import run_study
 def load_cells(study: dict, cells) -> dict:
     """``{cell: {"cell": cell.json, "eval": eval.json, "record": probe record}}`` for the cells with results;
     cells without results are left out (:func:`missing_cells` names them)."""
-    from pathlab.probes import records
-
     out = {}
     for c in cells:
         if not (cell_results_dir(study, c) / "cell.json").is_file():
             continue
-        marker = read_cell_file(study, c, "cell.json")
-        record = read_cell_file(study, c, "probes.npz", records.load_record)
-        recorded = marker.get("probes_sha256")  # cells written before cell.json carried it are checked by git alone
-        if recorded is not None and file_sha256(cell_results_dir(study, c) / "probes.npz") != recorded:
-            _refuse(study, c, "probes.npz", "its contents are not the record its cell.json names (sha256 "
-                                            f"{recorded[:12]}…; copied from another cell, or changed since?)")
-        out[c] = {"cell": marker, "eval": read_eval(study, c), "record": record}
+        out[c] = {"cell": read_cell_file(study, c, "cell.json"), "eval": read_eval(study, c),
+                  "record": read_record(study, c)}
     check_one_corpus(study, list(out))
     return out
 
@@ -76,6 +69,19 @@ def seed_margins(study, *, fast: bool = False) -> dict[int, float]:
     done = [c for c in names if not missing_cells(study, [c, f"{c}-seed2"])]
     check_one_corpus(study, [x for c in done for x in (c, f"{c}-seed2")])
     return intervals.seed_margins([(read_eval(study, c), read_eval(study, f"{c}-seed2")) for c in done])
+
+
+def read_record(study: dict, cell: str) -> dict:
+    """A cell's probe record (``probes.npz``), checked against its ``cell.json``: the record names no cell itself,
+    so ``cell.json`` records its sha256 (cells written before it did are vouched for by git alone)."""
+    from pathlab.probes import records
+
+    recorded = read_cell_file(study, cell, "cell.json").get("probes_sha256")
+    record = read_cell_file(study, cell, "probes.npz", records.load_record)
+    if recorded is not None and file_sha256(cell_results_dir(study, cell) / "probes.npz") != recorded:
+        _refuse(study, cell, "probes.npz", f"its contents are not the record its cell.json names (sha256 "
+                                           f"{recorded[:12]}…; copied from another cell, or changed since?)")
+    return record
 
 
 # what each JSON result file must hold: its cell's name under ``name_key``, and these keys

@@ -66,8 +66,7 @@ def _add_train_seconds(run: Path, seconds: float) -> float:
             print(f"pathlab study: {path} is damaged; the cell's training time counts from this call on",
                   file=sys.stderr, flush=True)
     total += seconds
-    if run.is_dir():
-        atomic_write_bytes(path, json.dumps({"train_s": total}).encode())
+    atomic_write_bytes(path, json.dumps({"train_s": total}).encode())
     return total
 
 
@@ -118,9 +117,11 @@ def run_cell(study: dict, cell: str, *, deadline: float | None = None, device: s
     # Always through the trainer, also for a finished run: it refuses a run of another config (the cell was edited
     # after training) and continues one whose final checkpoint was corrupt, instead of evaluating an older model.
     train_deadline = None if deadline is None else deadline - float(study["reserve_s"])
+    resume = any((run / name).is_file() for name in (CKPT_NAME, PREV_NAME))
+    if not resume:  # a run that starts over starts its time over too
+        (run / TRAIN_SECONDS_NAME).unlink(missing_ok=True)
     try:
-        training.train(cfg, run_dir=run, resume=any((run / name).is_file() for name in (CKPT_NAME, PREV_NAME)),
-                       progress=progress, deadline=train_deadline)
+        training.train(cfg, run_dir=run, resume=resume, progress=progress, deadline=train_deadline)
     except training.TrainingPaused:
         _add_train_seconds(run, time.monotonic() - t0)
         raise StudyPaused(f"cell {cell!r}: the time budget ran out during training; its checkpoint in {run} "
